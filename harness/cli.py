@@ -1,0 +1,200 @@
+"""The one command line shared by every version.
+
+Each version file calls `harness.main(...)` with its `build_model`; the flags,
+validation, training loop, timing and results are identical for all of them,
+so differences in the numbers come from the model code alone.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .config import PRESETS, ModelConfig
+from .errors import UsageError, WorkshopError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we promise exactly one line."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+@dataclass
+class RunSettings:
+    version: str
+    model: ModelConfig
+    preset: str | None
+    batch_size: int
+    seq_len: int
+    num_steps: int
+    warmup_steps: int
+    learning_rate: float
+    precision: str | None  # None = pick the default for the device
+    device: str
+    seed: int
+    deterministic: bool
+    data: str
+    data_path: str | None
+    grad_checkpoint: bool
+    grad_accum: int
+    compile: bool
+    compile_mode: str
+    optimizer: str
+    measure_peak: bool
+    output: str | None
+    quiet: bool
+    log_every: int
+    profile: str | None = None
+    profile_dir: str | None = None
+    fsdp: bool = False
+    command: str = ""
+    options: dict = field(default_factory=dict)
+
+
+def build_parser(version: str, description: str, add_arguments=None,
+                 default_optimizer: str = "default") -> argparse.ArgumentParser:
+    p = OneLineParser(prog=os.path.basename(sys.argv[0]) or version, description=description,
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    m = p.add_argument_group("model size (override the preset)")
+    m.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="size preset: tiny (CPU seconds), small, medium, large; "
+                        "default: tiny on CPU, small on a GPU")
+    m.add_argument("--hidden-dim", type=int)
+    m.add_argument("--num-layers", type=int)
+    m.add_argument("--num-heads", type=int)
+    m.add_argument("--num-kv-heads", type=int, help="fewer than heads = grouped-query attention")
+    m.add_argument("--ffn-dim", type=int, help="SwiGLU inner size (default: LLaMA's 8/3*hidden, "
+                                                "rounded up to a multiple of 64)")
+    m.add_argument("--vocab-size", type=int)
+    m.add_argument("--max-seq-len", type=int, help="longest sequence the model accepts")
+    m.add_argument("--tie-embeddings", action="store_true", help="share embedding and output head")
+
+    t = p.add_argument_group("training")
+    t.add_argument("--batch-size", type=int, help="sequences per step (default from preset)")
+    t.add_argument("--seq-len", type=int, help="tokens per sequence (default from preset)")
+    t.add_argument("--num-steps", type=int, default=50, help="total steps, warm-up included")
+    t.add_argument("--warmup-steps", type=int, default=5, help="steps excluded from timing")
+    t.add_argument("--learning-rate", type=float, default=3e-4)
+    t.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default: bf16 on GPUs that support it (fp16 otherwise), fp32 on CPU")
+    t.add_argument("--grad-checkpoint", action="store_true",
+                   help="recompute each block's activations in backward to save memory")
+    t.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    t.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    t.add_argument("--compile-mode", default="default",
+                   choices=("default", "reduce-overhead", "max-autotune",
+                            "max-autotune-no-cudagraphs"),
+                   help="torch.compile mode; reduce-overhead adds CUDA/HIP graphs")
+    t.add_argument("--optimizer", choices=("default", "foreach", "fused"), default=default_optimizer,
+                   help="AdamW implementation: torch's default, foreach (multi-tensor) "
+                        "or fused (one kernel)")
+    t.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard with FSDP2 instead of DDP")
+
+    r = p.add_argument_group("run")
+    r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="cuda also means an AMD GPU under ROCm")
+    r.add_argument("--seed", type=int, default=1234)
+    r.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (slower); same seed gives the same losses")
+    r.add_argument("--data", choices=("synthetic", "text"), default="synthetic",
+                   help="random tokens, or real text as bytes (the loss visibly falls)")
+    r.add_argument("--data-path", help="file or folder of text for --data text "
+                                       "(default: the Python standard library's sources)")
+    r.add_argument("--measure-peak", action="store_true",
+                   help="measure this device's matmul peak and compute MFU against it")
+    r.add_argument("--output", help="results JSON path (default: results/<version>_<preset>.json)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
+    r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter"), default=None,
+                   help="profile a few steps after warm-up (see docs/PROFILING.md)")
+    r.add_argument("--profile-dir", default=None,
+                   help="where profiler outputs go (default: profiles/<version>/)")
+
+    if add_arguments is not None:
+        add_arguments(p.add_argument_group(f"{version} options"))
+    return p
+
+
+def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) -> RunSettings:
+    import torch  # late: `--help` must not pay for importing torch
+
+    preset_name = args.preset or ("small" if torch.cuda.is_available() and args.device != "cpu"
+                                  else "tiny")
+    preset = PRESETS[preset_name]
+    overrides = {k: v for k, v in {
+        "hidden_dim": args.hidden_dim, "num_layers": args.num_layers,
+        "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
+        "ffn_dim": args.ffn_dim, "vocab_size": args.vocab_size,
+        "max_seq_len": args.max_seq_len}.items() if v is not None}
+    if args.tie_embeddings:
+        overrides["tie_embeddings"] = True
+    if "num_heads" in overrides and "num_kv_heads" not in overrides:
+        overrides["num_kv_heads"] = overrides["num_heads"]  # plain multi-head unless asked
+    if "hidden_dim" in overrides and "ffn_dim" not in overrides:
+        overrides["ffn_dim"] = 0  # re-derive LLaMA's default from the new hidden size
+    seq_len = args.seq_len if args.seq_len is not None else preset.seq_len
+    model = preset.model.replace(**overrides)
+
+    batch_size = args.batch_size if args.batch_size is not None else preset.batch_size
+    checks = [
+        (batch_size > 0, f"--batch-size must be > 0 (got {batch_size})"),
+        (seq_len > 0, f"--seq-len must be > 0 (got {seq_len})"),
+        (seq_len <= model.max_seq_len,
+         f"--seq-len {seq_len} is above the model's max_seq_len {model.max_seq_len} "
+         f"(raise --max-seq-len)"),
+        (args.num_steps > 0, f"--num-steps must be > 0 (got {args.num_steps})"),
+        (0 <= args.warmup_steps < args.num_steps,
+         f"--warmup-steps must be >= 0 and below --num-steps ({args.warmup_steps} vs {args.num_steps})"),
+        (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
+        (args.grad_accum > 0, f"--grad-accum must be > 0 (got {args.grad_accum})"),
+        (args.log_every > 0, f"--log-every must be > 0 (got {args.log_every})"),
+        (not args.output or args.output.endswith(".json"), "--output must end in .json"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+    return RunSettings(
+        version=version, model=model, preset=preset_name if not overrides else None,
+        batch_size=batch_size, seq_len=seq_len, num_steps=args.num_steps,
+        warmup_steps=args.warmup_steps, learning_rate=args.learning_rate,
+        precision=args.precision, device=args.device, seed=args.seed,
+        deterministic=args.deterministic, data=args.data, data_path=args.data_path,
+        grad_checkpoint=args.grad_checkpoint, grad_accum=args.grad_accum,
+        compile=args.compile, compile_mode=args.compile_mode, optimizer=args.optimizer,
+        measure_peak=args.measure_peak, output=args.output, quiet=args.quiet,
+        log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
+        fsdp=args.fsdp, command=" ".join(["python", *[sys.argv[0]], *argv]))
+
+
+def main(version: str, build_model, *, description: str = "", add_arguments=None,
+         model_options=None, init_from_v1: bool = True, default_optimizer: str = "default",
+         argv: list[str] | None = None) -> int:
+    """Parse flags, train, write results. Returns the process exit code.
+
+    build_model(config, **options) -> nn.Module whose forward(ids) returns logits.
+    model_options(args) -> dict of version switches passed to build_model and
+    recorded in the results. init_from_v1: start from V1's weights (same seed),
+    so every version trains the very same model.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(version, description, add_arguments, default_optimizer)
+        args = parser.parse_args(argv)
+        settings = settings_from_args(version, args, argv)
+        settings.options = dict(model_options(args)) if model_options else {}
+        from .trainer import run  # late import keeps --help fast
+        run(settings, build_model, init_from_v1=init_from_v1)
+        return 0
+    except WorkshopError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

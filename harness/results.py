@@ -1,0 +1,100 @@
+"""The results JSON: one file per run, written atomically.
+
+Schema (version 1) - every run writes all top-level keys:
+  schema_version   int
+  version          "v1" | "v2" | "v3" | "v4" | ...
+  created          ISO-8601 UTC time of the run
+  command          the command line that produced it
+  git_commit       commit of the repository (or null)
+  config           ModelConfig fields
+  run              batch_size, seq_len, num_steps, warmup_steps, precision, seed,
+                   data, compile, grad_checkpoint, grad_accum, world_size, ...
+  options          version-specific switches (fusions on/off, SDPA backend, ...)
+  device           name, backend rocm|cuda|cpu, arch, torch/triton/HIP/CUDA versions
+  losses           loss of every step, warm-up included
+  timing_ms        {forward, backward, optimizer, step}: {median, p10, p90, mean, n}
+  throughput       tokens_per_s, samples_per_s (from the median step time)
+  flops            convention, per_step, per_token, attention_kernel, achieved_tflops
+  mfu              {value, peak_tflops, peak_source}; value null when no peak is known
+  memory           peak_allocated_mb, peak_reserved_mb (GPU) or peak_rss_mb (CPU)
+  gradient_guard   {passed, checked_params}
+  warnings         list of strings
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = ("schema_version", "version", "created", "command", "git_commit", "config",
+                 "run", "options", "device", "losses", "timing_ms", "throughput", "flops",
+                 "mfu", "memory", "gradient_guard", "warnings")
+TIMED_PHASES = ("forward", "backward", "optimizer", "step")
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def git_commit(repo_dir: Path | None = None) -> str | None:
+    repo_dir = repo_dir or Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_dir,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def validate(result: dict) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:
+        raise SchemaError(f"results are missing keys: {', '.join(missing)}")
+    if result["schema_version"] != SCHEMA_VERSION:
+        raise SchemaError(f"schema_version {result['schema_version']} is not {SCHEMA_VERSION}")
+    for phase in TIMED_PHASES:
+        stats = result["timing_ms"].get(phase)
+        if not stats or not {"median", "p10", "p90"} <= set(stats):
+            raise SchemaError(f"timing_ms.{phase} needs median, p10 and p90")
+
+
+def write_atomic(path: str | os.PathLike, result: dict) -> Path:
+    """Write JSON to a temporary file in the same folder, then rename it.
+
+    A rename within one file system is atomic, so a reader (or a crashed run)
+    never sees a half-written results file.
+    """
+    validate(result)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: str | os.PathLike) -> dict:
+    """Read and validate a results file; raises SchemaError with a one-line reason."""
+    path = Path(path)
+    if not path.exists():
+        raise SchemaError(f"{path}: no such file")
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(result, dict):
+        raise SchemaError(f"{path}: not a results object")
+    try:
+        validate(result)
+    except SchemaError as e:
+        raise SchemaError(f"{path}: {e}") from None
+    return result

@@ -1,0 +1,323 @@
+"""The training loop every version shares: build, train, time, check, report."""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib
+import os
+from pathlib import Path
+
+import torch
+
+from . import data as data_mod
+from . import device as dev
+from . import distributed, flops, measure, results
+from .cli import RunSettings
+from .errors import NonFiniteLoss, OutOfMemory, UsageError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- precision
+def choose_precision(requested: str | None, device: torch.device) -> str:
+    if requested is None:
+        if device.type == "cpu":
+            return "fp32"
+        return "bf16" if dev.supports_bf16(device) else "fp16"
+    if requested == "bf16" and not dev.supports_bf16(device):
+        raise UsageError(f"--precision bf16 is not supported on {dev.device_name(device)} "
+                         f"(try fp16 or fp32)")
+    if requested == "fp16" and device.type == "cpu":
+        raise UsageError("--precision fp16 needs a GPU (use fp32 or bf16 on the CPU)")
+    return requested
+
+
+def configure_matmul_precision(precision: str) -> None:
+    # tf32 = fp32 storage, matrix units with a 10-bit mantissa. Everything else
+    # keeps true fp32 for the fp32 parts, so fp32 means fp32.
+    allow = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    torch.set_float32_matmul_precision("high" if allow else "highest")
+
+
+def autocast_for(precision: str, device: torch.device):
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- model
+def build(settings: RunSettings, build_model, init_from_v1: bool) -> torch.nn.Module:
+    torch.manual_seed(settings.seed)
+    model = build_model(settings.model, **settings.options)
+    if init_from_v1 and settings.version != "v1":
+        # Same model, same parameters: start every version from V1's weights.
+        v1 = importlib.import_module("version1_baseline.tiny_llama_v1")
+        torch.manual_seed(settings.seed)
+        model.load_state_dict(v1.build_model(settings.model).state_dict())
+    return model
+
+
+def enable_grad_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each transformer block in backward instead of storing its activations."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.layers:
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward
+
+
+def add_nvtx_ranges(model: torch.nn.Module) -> None:
+    """Name each block in profiler timelines (torch.cuda.nvtx is roctx on ROCm)."""
+    nvtx = torch.cuda.nvtx
+    for i, block in enumerate(model.layers):
+        block.register_forward_pre_hook(lambda *_, i=i: nvtx.range_push(f"block{i}"))
+        block.register_forward_hook(lambda *_: nvtx.range_pop())
+
+
+def make_optimizer(model: torch.nn.Module, settings: RunSettings, device: torch.device):
+    kwargs = {"lr": settings.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    if settings.optimizer == "fused" and device.type == "cuda":
+        kwargs["fused"] = True
+    elif settings.optimizer in ("foreach", "fused"):
+        kwargs["foreach"] = True  # fused AdamW is GPU-only in older torch; foreach is close
+    return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str, enabled: bool):
+    if enabled:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if enabled:
+            torch.cuda.nvtx.range_pop()
+
+
+# ---------------------------------------------------------------- loop
+def run(settings: RunSettings, build_model, init_from_v1: bool = True) -> dict:
+    ctx = distributed.setup(settings)
+    try:
+        return _run(settings, build_model, init_from_v1, ctx)
+    finally:
+        ctx.close()
+
+
+def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
+    device = ctx.device if ctx.device is not None else dev.resolve_device(settings.device)
+    precision = choose_precision(settings.precision, device)
+    configure_matmul_precision(precision)
+    if settings.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    cfg = settings.model
+    output = Path(settings.output or REPO_ROOT / "results" /
+                  f"{settings.version}_{settings.preset or 'custom'}.json")
+
+    model = build(settings, build_model, init_from_v1).to(device)
+    if settings.grad_checkpoint:
+        enable_grad_checkpointing(model)
+    use_nvtx = device.type == "cuda"
+    if use_nvtx and not settings.compile:
+        add_nvtx_ranges(model)
+    model = ctx.wrap(model, settings)
+    train_model = torch.compile(model, mode=settings.compile_mode) if settings.compile else model
+    optimizer = make_optimizer(model, settings, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    batches = data_mod.Batches(settings.data, cfg.vocab_size, settings.batch_size,
+                               settings.seq_len, settings.seed, settings.data_path, rank=ctx.rank)
+    measured_peak = None
+    if settings.measure_peak:
+        from .ceilings import measure_matmul_tflops
+        measured_peak = measure_matmul_tflops(device, precision)
+
+    profiler = None
+    if settings.profile:
+        from . import profiling
+        profiler = profiling.start(settings, device, model)
+
+    say = print if (not settings.quiet and ctx.is_main) else (lambda *a, **k: None)
+    say(f"{settings.version}: {dev.device_name(device)} ({device.type}), {precision}, "
+        f"preset {settings.preset or 'custom'}, batch {settings.batch_size} x seq "
+        f"{settings.seq_len}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params"
+        + (f", world size {ctx.world_size}" if ctx.world_size > 1 else ""))
+
+    tokens_per_step = settings.batch_size * settings.seq_len * settings.grad_accum
+    clock_marks, losses_dev, losses = [], [], []
+    checked_params = 0
+    measure.reset_peak_memory(device)
+
+    def loss_of(inputs, targets):
+        with autocast_for(precision, device):
+            logits = train_model(inputs)
+        return torch.nn.functional.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def drain(upto_step: int) -> None:
+        """Read losses enqueued so far (one sync), check them, print progress."""
+        dev.synchronize(device)
+        for i in range(len(losses), upto_step + 1):
+            value = losses_dev[i].item()
+            if value != value or value in (float("inf"), float("-inf")):
+                raise NonFiniteLoss(f"loss became {value} at step {i} "
+                                    f"(try a lower --learning-rate or --precision bf16/fp32)")
+            losses.append(value)
+
+    try:
+        for step in range(settings.num_steps):
+            clock = dev.StepClock(device)
+            clock_marks.append(clock)
+            clock.mark("start")
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = torch.zeros((), device=device)
+            fwd_pairs, bwd_pairs = [], []
+            for micro in range(settings.grad_accum):
+                inputs, targets = (t.to(device, non_blocking=True) for t in batches.next())
+                clock.mark(f"f{micro}")
+                with nvtx_range("forward", use_nvtx):
+                    loss = loss_of(inputs, targets) / settings.grad_accum
+                clock.mark(f"b{micro}")
+                with nvtx_range("backward", use_nvtx), ctx.no_sync(model, micro):
+                    scaler.scale(loss).backward()
+                clock.mark(f"e{micro}")
+                fwd_pairs.append((f"f{micro}", f"b{micro}"))
+                bwd_pairs.append((f"b{micro}", f"e{micro}"))
+                step_loss += loss.detach()
+            clock.mark("opt")
+            with nvtx_range("optimizer", use_nvtx):
+                scaler.step(optimizer)
+                scaler.update()
+            clock.mark("end")
+            clock.pairs = (fwd_pairs, bwd_pairs)
+            losses_dev.append(step_loss)
+            if step == 0:
+                drain(0)
+                checked_params = measure.check_gradient_flow(model)
+            if profiler is not None:
+                profiler.step(step)
+            if (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps:
+                drain(step)
+                say(_progress_line(step, settings, losses, clock_marks, tokens_per_step * ctx.world_size))
+        dev.synchronize(device)
+    except torch.cuda.OutOfMemoryError:
+        peak = measure.peak_memory(device)
+        raise OutOfMemory(
+            f"out of memory (peak allocated {peak.get('peak_allocated_mb', 0) / 1024:.1f} GiB) "
+            f"at batch {settings.batch_size} x seq {settings.seq_len}: try a smaller --batch-size, "
+            f"--grad-checkpoint or --precision bf16") from None
+    except (RuntimeError, AssertionError) as e:
+        if settings.compile and _looks_like_compile_error(e):
+            raise UsageError(f"torch.compile failed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160]}); run without --compile") from None
+        raise
+
+    timing = _timing(clock_marks[settings.warmup_steps:], device)
+    timing = ctx.aggregate_timing(timing)
+    memory = measure.peak_memory(device)
+    result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
+                       tokens_per_step * ctx.world_size, measured_peak, ctx)
+    if profiler is not None:
+        profiler.finish(result)
+    if ctx.is_main:
+        results.write_atomic(output, result)
+        say(summary_line(result) + f"\nresults: {output}")
+    return result
+
+
+def _looks_like_compile_error(e: Exception) -> bool:
+    text = f"{type(e).__module__} {type(e).__name__} {e}"
+    return any(k in text for k in ("torch._dynamo", "torch._inductor", "BackendCompilerFailed",
+                                   "InductorError", "CompilationError"))
+
+
+def _timing(clocks, device) -> dict:
+    dev.synchronize(device)
+    per = {"forward": [], "backward": [], "optimizer": [], "step": []}
+    # A step lasts from its start to the next step's start, so host-side gaps
+    # between steps (Python, launches) count: that is what throughput pays.
+    for clock, following in zip(clocks, [*clocks[1:], None]):
+        fwd_pairs, bwd_pairs = clock.pairs
+        per["forward"].append(sum(clock.elapsed_ms(a, b) for a, b in fwd_pairs))
+        per["backward"].append(sum(clock.elapsed_ms(a, b) for a, b in bwd_pairs))
+        per["optimizer"].append(clock.elapsed_ms("opt", "end"))
+        per["step"].append(clock.elapsed_ms("start", "end") if following is None
+                           else clock.elapsed_ms_to(following, "start"))
+    return {k: measure.summarize(v) for k, v in per.items()}
+
+
+def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
+    recent = clocks[max(settings.warmup_steps, step + 1 - settings.log_every):step + 1]
+    ms = measure.summarize([c.elapsed_ms("start", "end") for c in recent])["median"] if recent else None
+    speed = f" | {ms:8.2f} ms/step | {tokens_per_step / ms * 1000:10,.0f} tok/s" if ms else " | warm-up"
+    return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}"
+
+
+def _assemble(settings, precision, device, losses, timing, memory, checked_params,
+              tokens_per_step, measured_peak, ctx) -> dict:
+    cfg = settings.model
+    step_ms = timing["step"]["median"]
+    per_step = flops.step_flops(cfg, settings.batch_size, settings.seq_len) * settings.grad_accum
+    per_step *= ctx.world_size
+    achieved = per_step / (step_ms / 1000) / 1e12 if step_ms else None
+    desc = dev.describe(device)
+    peak = flops.peak_for(desc["name"], desc["arch"], precision, measured_peak)
+    peak_total = peak["tflops"] * ctx.world_size if peak["tflops"] else None
+    warnings = []
+    fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
+    if fwd and bwd is not None and bwd < fwd:
+        warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms): "
+                        "backward should cost about 2x forward - is the graph cut?")
+    return {
+        "schema_version": results.SCHEMA_VERSION,
+        "version": settings.version,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": settings.command,
+        "git_commit": results.git_commit(),
+        "config": cfg.to_dict(),
+        "run": {"preset": settings.preset, "batch_size": settings.batch_size,
+                "seq_len": settings.seq_len, "num_steps": settings.num_steps,
+                "warmup_steps": settings.warmup_steps, "learning_rate": settings.learning_rate,
+                "precision": precision, "seed": settings.seed, "data": settings.data,
+                "compile": settings.compile, "compile_mode": settings.compile_mode if settings.compile else None,
+                "optimizer": settings.optimizer, "grad_checkpoint": settings.grad_checkpoint,
+                "grad_accum": settings.grad_accum, "deterministic": settings.deterministic,
+                "world_size": ctx.world_size, "parallel": ctx.kind,
+                "global_batch_size": settings.batch_size * settings.grad_accum * ctx.world_size,
+                "tokens_per_step": tokens_per_step},
+        "options": settings.options,
+        "device": desc,
+        "losses": losses,
+        "timing_ms": timing,
+        "throughput": {"tokens_per_s": tokens_per_step / step_ms * 1000 if step_ms else None,
+                       "samples_per_s": (tokens_per_step / settings.seq_len) / step_ms * 1000
+                       if step_ms else None},
+        "flops": {"convention": "6*N_matmul + 12*L*d*T per token (fwd+bwd), no causal discount",
+                  "per_step": per_step,
+                  "per_token": flops.model_flops_per_token(cfg, settings.seq_len),
+                  "attention_kernel": flops.attention_kernel_flops(cfg, settings.batch_size, settings.seq_len),
+                  "achieved_tflops": achieved},
+        "mfu": {"value": achieved / peak_total if achieved and peak_total else None,
+                "peak_tflops": peak["tflops"], "peak_source": peak["source"]},
+        "memory": memory,
+        "gradient_guard": {"passed": True, "checked_params": checked_params},
+        "warnings": warnings,
+        **({"distributed": ctx.extra} if ctx.extra else {}),
+    }
+
+
+def summary_line(r: dict) -> str:
+    t = r["timing_ms"]
+    mfu = f"{r['mfu']['value'] * 100:.1f}%" if r["mfu"]["value"] is not None else "n/a"
+    mem = r["memory"].get("peak_allocated_mb", r["memory"].get("peak_rss_mb", 0))
+    return (f"{r['version']}: {r['throughput']['tokens_per_s']:,.0f} tok/s | step "
+            f"{t['step']['median']:.2f} ms (fwd {t['forward']['median']:.2f} / bwd "
+            f"{t['backward']['median']:.2f} / opt {t['optimizer']['median']:.2f}) | MFU {mfu} | "
+            f"peak mem {mem:,.0f} MB | final loss {r['losses'][-1]:.4f}")
