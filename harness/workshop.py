@@ -44,7 +44,7 @@ def main(argv=None) -> int:
             continue
         out = Path(args.out_dir) / f"{version}.json"
         cmd = [sys.executable, str(REPO / script), "--preset", preset, "--num-steps", str(steps),
-               "--output", str(out), "--quiet", *args.extra]
+               "--warmup-steps", str(min(5, steps // 2)), "--output", str(out), "--quiet", *args.extra]
         print(f"  running {version} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -1,0 +1,184 @@
+"""The shared harness: config, FLOP model, timing statistics, results, guards."""
+import json
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from conftest import load_version
+from harness import flops, measure, results
+from harness.config import PRESETS, ModelConfig, llama_ffn_dim
+from harness.data import Batches
+from harness.errors import GradientFlowError, UsageError
+
+
+# ------------------------------------------------------------------ config
+def test_presets_are_valid_and_documented_sizes():
+    assert PRESETS["small"].model.hidden_dim == 512 and PRESETS["small"].model.num_layers == 8
+    assert PRESETS["small"].seq_len == 128 and PRESETS["small"].batch_size == 8
+    medium = PRESETS["medium"]
+    assert (medium.model.hidden_dim, medium.model.num_layers, medium.model.num_heads) == (1024, 12, 16)
+    assert (medium.seq_len, medium.batch_size) == (512, 16)
+    for preset in PRESETS.values():
+        assert preset.seq_len <= preset.model.max_seq_len
+
+
+def test_modelconfig_has_exactly_the_agreed_fields():
+    names = [f.name for f in ModelConfig.__dataclass_fields__.values()]
+    assert names == ["vocab_size", "hidden_dim", "num_layers", "num_heads", "num_kv_heads",
+                     "ffn_dim", "max_seq_len", "norm_eps", "rope_theta", "tie_embeddings"]
+
+
+def test_llama_ffn_default():
+    # LLaMA-7B rounds 8/3*4096 up to a multiple of 256 (11008); we round to 64
+    # so that small models stay close to 8/3*hidden.
+    assert llama_ffn_dim(4096, multiple_of=256) == 11008
+    assert llama_ffn_dim(4096) == 10944
+    assert ModelConfig(hidden_dim=1024, num_heads=16, num_kv_heads=16).ffn_dim == 2752
+    assert ModelConfig(hidden_dim=64, ffn_dim=100).ffn_dim == 100
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(hidden_dim=100, num_heads=3), "divisible by num_heads"),
+    (dict(num_heads=4, num_kv_heads=3), "divisible by num_kv_heads"),
+    (dict(hidden_dim=12, num_heads=4, num_kv_heads=4), "head_dim 3 must be even"),
+    (dict(vocab_size=0), "vocab_size must be > 0"),
+    (dict(num_layers=-1), "num_layers must be > 0"),
+    (dict(max_seq_len=0), "max_seq_len must be > 0"),
+])
+def test_config_validation(changes, message):
+    with pytest.raises(UsageError, match=message):
+        ModelConfig(**changes)
+
+
+# ------------------------------------------------------------------ FLOPs
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_flop_model_matches_flop_counter_on_v1(tie, kv_heads):
+    v1 = load_version("v1")
+    cfg = ModelConfig(vocab_size=96, hidden_dim=64, num_layers=2, num_heads=4,
+                      num_kv_heads=kv_heads, max_seq_len=32, tie_embeddings=tie)
+    model = v1.build_model(cfg)
+    batch, seq = 2, 24
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        logits = model(ids)
+        torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab_size), ids.view(-1)).backward()
+    assert counter.get_total_flops() == flops.step_flops(cfg, batch, seq)
+    assert sum(p.numel() for p in model.parameters()) == flops.total_params(cfg)
+
+
+def test_attention_kernel_convention():
+    cfg = ModelConfig(hidden_dim=64, num_heads=4, num_kv_heads=4, num_layers=1)
+    full = flops.attention_kernel_flops(cfg, 2, 8, causal=False)
+    causal = flops.attention_kernel_flops(cfg, 2, 8, causal=True)
+    assert full["forward"] == 4 * 2 * 4 * 8 * 8 * 16
+    assert causal["forward"] * 2 == full["forward"]
+    assert causal["backward"] == int(2.5 * causal["forward"])
+
+
+def test_peak_lookup():
+    assert flops.peak_for("NVIDIA H100 80GB HBM3", "sm_90", "bf16")["tflops"] == 989.4
+    assert flops.peak_for("NVIDIA H100 PCIe", "sm_90", "bf16")["tflops"] == 756.0
+    assert flops.peak_for("NVIDIA H200", "sm_90", "fp32")["tflops"] == 66.9
+    assert flops.peak_for("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", "bf16")["tflops"] == 1307.4
+    assert flops.peak_for("AMD Radeon Graphics", "gfx90a:sramecc+:xnack-", "fp16")["device_key"] == "MI250X"
+    assert flops.peak_for("AMD Instinct MI50", "gfx906", "bf16")["tflops"] is None
+    unknown = flops.peak_for("x86_64", None, "fp32")
+    assert unknown["tflops"] is None and "no MFU" in unknown["source"]
+    assert flops.peak_for("anything", None, "bf16", measured_tflops=700.0)["source"] == "measured"
+
+
+# ------------------------------------------------------------------ timing stats
+def test_summarize_percentiles():
+    stats = measure.summarize([float(x) for x in range(1, 12)])  # 1..11
+    assert stats["median"] == 6 and stats["n"] == 11
+    assert math.isclose(stats["p10"], 2.0) and math.isclose(stats["p90"], 10.0)
+    assert measure.summarize([])["median"] is None
+
+
+def test_summarize_ignores_one_slow_outlier():
+    stats = measure.summarize([10.0] * 9 + [1000.0])
+    assert stats["median"] == 10.0 and stats["mean"] > 100
+
+
+# ------------------------------------------------------------------ data
+def test_targets_are_inputs_shifted_by_one():
+    batches = Batches("text", 256, batch_size=3, seq_len=16, seed=0)
+    inputs, targets = batches.next()
+    assert inputs.shape == targets.shape == (3, 16)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+    assert int(inputs.max()) < 256
+
+
+def test_data_streams_are_seeded():
+    a, b = Batches("synthetic", 100, 2, 8, seed=3), Batches("synthetic", 100, 2, 8, seed=3)
+    assert torch.equal(a.next()[0], b.next()[0])
+    assert not torch.equal(a.next()[0], Batches("synthetic", 100, 2, 8, seed=4).next()[0])
+
+
+def test_text_needs_byte_vocab():
+    with pytest.raises(UsageError, match="vocab-size >= 256"):
+        Batches("text", 100, 2, 8, seed=0)
+
+
+# ------------------------------------------------------------------ results
+def _minimal_result():
+    stats = {"median": 1.0, "p10": 0.9, "p90": 1.1, "mean": 1.0, "n": 3}
+    return {"schema_version": results.SCHEMA_VERSION, "version": "v1", "created": "now",
+            "command": "python x", "git_commit": None, "config": {}, "run": {}, "options": {},
+            "device": {}, "losses": [1.0], "throughput": {}, "flops": {}, "mfu": {}, "memory": {},
+            "gradient_guard": {"passed": True}, "warnings": [],
+            "timing_ms": {k: dict(stats) for k in results.TIMED_PHASES}}
+
+
+def test_atomic_write_roundtrip_leaves_no_temp_files(tmp_path):
+    path = results.write_atomic(tmp_path / "sub" / "r.json", _minimal_result())
+    assert results.load(path)["version"] == "v1"
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+def test_invalid_result_is_never_written(tmp_path):
+    bad = _minimal_result()
+    del bad["timing_ms"]
+    with pytest.raises(results.SchemaError, match="timing_ms"):
+        results.write_atomic(tmp_path / "r.json", bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_reports_bad_files_in_one_line(tmp_path):
+    (tmp_path / "corrupt.json").write_text("{not json")
+    wrong = _minimal_result()
+    wrong["schema_version"] = 99
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    for name, fragment in [("missing.json", "no such file"), ("corrupt.json", "not valid JSON"),
+                           ("wrong.json", "schema_version 99")]:
+        with pytest.raises(results.SchemaError, match=fragment) as info:
+            results.load(tmp_path / name)
+        assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ gradient guard
+def test_gradient_guard_catches_a_detached_layer():
+    v1 = load_version("v1")
+    model = v1.build_model(ModelConfig())
+    # Plant the precedent's bug: the first block's output is detached, so
+    # the embedding and block 0 get no gradient.
+    first = model.layers[0]
+    original = first.forward
+    first.forward = lambda *a, **k: original(*a, **k).detach()
+    ids = torch.randint(0, 256, (2, 8))
+    model(ids).sum().backward()
+    with pytest.raises(GradientFlowError, match="got no gradient") as info:
+        measure.check_gradient_flow(model)
+    assert "embed.weight" in str(info.value)
+
+
+def test_gradient_guard_passes_on_healthy_model():
+    v1 = load_version("v1")
+    model = v1.build_model(ModelConfig())
+    logits = model(torch.randint(0, 256, (2, 8)))
+    torch.nn.functional.cross_entropy(logits.view(-1, 256), torch.randint(0, 256, (16,))).backward()
+    assert measure.check_gradient_flow(model) == len(list(model.parameters()))
