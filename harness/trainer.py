@@ -133,7 +133,8 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     optimizer = make_optimizer(model, settings, device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     batches = data_mod.Batches(settings.data, cfg.vocab_size, settings.batch_size,
-                               settings.seq_len, settings.seed, settings.data_path, rank=ctx.rank)
+                               settings.seq_len, settings.seed, settings.data_path,
+                               rank=ctx.rank, world_size=ctx.world_size)
     measured_peak = None
     if settings.measure_peak:
         from .ceilings import measure_matmul_tflops
@@ -162,10 +163,18 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
             logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
     def drain(upto_step: int) -> None:
-        """Read losses enqueued so far (one sync), check them, print progress."""
+        """Read losses enqueued so far (one sync), check them, print progress.
+
+        Under data parallelism each rank saw different data: the loss we record
+        is the mean over ranks (one all-reduce per read), identical on every
+        rank, so a NaN stops all ranks together instead of leaving some hanging.
+        """
+        first = len(losses)
+        if first > upto_step:
+            return
         dev.synchronize(device)
-        for i in range(len(losses), upto_step + 1):
-            value = losses_dev[i].item()
+        values = ctx.mean_over_ranks(torch.stack(losses_dev[first:upto_step + 1])).tolist()
+        for i, value in enumerate(values, start=first):
             if value != value or value in (float("inf"), float("-inf")):
                 raise NonFiniteLoss(f"loss became {value} at step {i} "
                                     f"(try a lower --learning-rate or --precision bf16/fp32)")
@@ -181,13 +190,16 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
             fwd_pairs, bwd_pairs = [], []
             for micro in range(settings.grad_accum):
                 inputs, targets = (t.to(device, non_blocking=True) for t in batches.next())
-                clock.mark(f"f{micro}")
-                with nvtx_range("forward", use_nvtx):
-                    loss = loss_of(inputs, targets) / settings.grad_accum
-                clock.mark(f"b{micro}")
-                with nvtx_range("backward", use_nvtx), ctx.no_sync(model, micro):
-                    scaler.scale(loss).backward()
-                clock.mark(f"e{micro}")
+                # DDP decides in forward whether the next backward all-reduces,
+                # so the no-sync window (all micro-steps but the last) covers both.
+                with ctx.no_sync(model, micro):
+                    clock.mark(f"f{micro}")
+                    with nvtx_range("forward", use_nvtx):
+                        loss = loss_of(inputs, targets) / settings.grad_accum
+                    clock.mark(f"b{micro}")
+                    with nvtx_range("backward", use_nvtx):
+                        scaler.scale(loss).backward()
+                    clock.mark(f"e{micro}")
                 fwd_pairs.append((f"f{micro}", f"b{micro}"))
                 bwd_pairs.append((f"b{micro}", f"e{micro}"))
                 step_loss += loss.detach()
@@ -200,7 +212,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
             losses_dev.append(step_loss)
             if step == 0:
                 drain(0)
-                checked_params = measure.check_gradient_flow(model)
+                checked_params = ctx.check_gradient_flow(model)
             if profiler is not None:
                 profiler.step(step)
             if (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps:
