@@ -1,0 +1,74 @@
+"""setup/check_environment.py: runs, reports this machine correctly, fails when a need is missing."""
+import json
+
+from conftest import HAS_GPU, REPO, run_cli
+
+SCRIPT = REPO / "setup" / "check_environment.py"
+
+
+def test_checklist_runs_and_reports_this_machine():
+    proc = run_cli([SCRIPT], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "torch" in out and "READY" in out and "NOT READY" not in out
+    if HAS_GPU:
+        assert "[ ok ] gpu" in out
+    else:
+        assert "CPU-only build" in out or "no GPU visible" in out
+        assert "[warn] gpu" in out  # a missing GPU is a warning, not a failure
+
+
+def test_json_lists_every_check_once():
+    proc = run_cli([SCRIPT, "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    checks = json.loads(proc.stdout)
+    names = [c["name"] for c in checks]
+    for expected in ("python", "torch", "gpu", "sdpa backends", "triton", "deepspeed",
+                     "rocprofv3", "rocprof-sys-run", "rocprof-compute", "ncu", "nsys", "jupyterlab"):
+        assert expected in names
+    assert len(names) == len(set(names))
+    assert {c["status"] for c in checks} <= {"ok", "warn", "fail", "info"}
+
+
+def test_too_old_torch_fails_with_a_fix():
+    proc = run_cli([SCRIPT, "--min-torch", "99.0"], timeout=120)
+    assert proc.returncode == 1
+    assert "[FAIL] torch" in proc.stdout and "fix:" in proc.stdout and "NOT READY" in proc.stdout
+
+
+def test_missing_torch_fails_and_says_how_to_install(tmp_path):
+    # A torch.py that refuses to import stands in for a machine without torch.
+    (tmp_path / "torch.py").write_text("raise ImportError('no torch on this machine')\n")
+    proc = run_cli([SCRIPT], env={"PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[FAIL] torch" in proc.stdout and "setup/INSTALL.md" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_require_turns_an_optional_item_into_a_failure():
+    absent = "gpu" if not HAS_GPU else "no-such-tool"
+    proc = run_cli([SCRIPT, "--require", absent], timeout=120)
+    assert proc.returncode == 1
+    assert f"[FAIL] {absent}" in proc.stdout
+
+
+def test_bad_flag_is_one_line_and_exit_2():
+    proc = run_cli([SCRIPT, "--min-torch", "abc"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def test_version_parsing():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("check_environment", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    assert mod.version_tuple("2.4.1+rocm6.0") == (2, 4, 1)
+    assert mod.version_tuple("2.5.0a0+git1234") == (2, 5, 0)
+    assert mod.version_tuple("2.6.0rc1") == (2, 6, 0)
+    assert mod.version_tuple("2.13.0+cpu") >= mod.version_tuple("2.4")
+    assert mod.check_arch_in_build("gfx906", ["gfx90a", "gfx942"]).status == "warn"
+    assert mod.check_arch_in_build("gfx90a:sramecc+:xnack-", ["gfx90a"]).status == "ok"
