@@ -75,10 +75,17 @@ def enable_grad_checkpointing(model: torch.nn.Module) -> None:
 
 def add_nvtx_ranges(model: torch.nn.Module) -> None:
     """Name each block in profiler timelines (torch.cuda.nvtx is roctx on ROCm)."""
-    nvtx = torch.cuda.nvtx
+    def push(name):
+        def hook(*_):  # must return None: a pre-hook's return value replaces the inputs
+            torch.cuda.nvtx.range_push(name)
+        return hook
+
+    def pop(*_):
+        torch.cuda.nvtx.range_pop()
+
     for i, block in enumerate(model.layers):
-        block.register_forward_pre_hook(lambda *_, i=i: nvtx.range_push(f"block{i}"))
-        block.register_forward_hook(lambda *_: nvtx.range_pop())
+        block.register_forward_pre_hook(push(f"block{i}"))
+        block.register_forward_hook(pop)
 
 
 def make_optimizer(model: torch.nn.Module, settings: RunSettings, device: torch.device):
