@@ -1,14 +1,52 @@
-"""Data-parallel context. Single process for now: world size 1, nothing wrapped.
+"""Data parallelism through torchrun: DDP, or FSDP2 with --fsdp. One process per GPU.
 
-(The torchrun/DDP/FSDP2 implementation replaces this; the trainer only talks
-to the methods below.)
+    torchrun --nproc-per-node 2 version4_sdpa/tiny_llama_v4.py --preset medium
+
+torchrun starts N copies of the same script and tells each one, in environment
+variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), who it is
+and where to meet the others. Each copy then
+
+  1. joins a process group: backend "nccl" on a GPU (on ROCm the same name
+     loads RCCL), "gloo" on the CPU;
+  2. builds the same model from the same seed and wraps it:
+     - DDP keeps a full replica on every GPU. During backward it averages the
+       gradients across GPUs with all-reduce, in ~25 MB buckets, each one sent
+       as soon as its gradients are ready - so communication overlaps compute;
+     - FSDP2 (--fsdp) keeps only 1/N of every parameter, gradient and optimizer
+       state per GPU. It all-gathers a block's weights just before the block
+       runs (forward and again in backward) and reduce-scatters its gradients;
+  3. trains on its own slice of the global batch (see harness/data.py).
+
+Rank 0 prints and writes the results; the others gather their timings to it.
+Started with plain `python`, none of this happens: `SingleProcess` below is what
+the trainer gets, and it talks to both through the same methods.
+
+Run as a module to compare runs (scaling efficiency):
+    python -m harness.distributed single.json ddp.json [fsdp.json ...] [--json out.json]
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
+import math
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+from . import device as dev
+from . import measure
+from .errors import UsageError
+
+BUCKET_MB = 25  # DDP's default gradient bucket; we pass it explicitly and time one bucket
+ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
 
 
 class SingleProcess:
+    """One process, nothing to synchronise: every method is the identity."""
     rank, world_size, is_main, kind, device, extra = 0, 1, True, "single", None, None
 
     def wrap(self, model, settings):
@@ -17,12 +55,312 @@ class SingleProcess:
     def no_sync(self, model, micro_step):
         return contextlib.nullcontext()
 
-    def aggregate_timing(self, timing):
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def check_gradient_flow(self, model) -> int:
+        return measure.check_gradient_flow(model)
+
+    def aggregate_timing(self, timing: dict) -> dict:
         return timing
 
     def close(self):
         pass
 
 
-def setup(settings) -> SingleProcess:
-    return SingleProcess()
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def setup(settings):
+    """SingleProcess under plain python; a joined DataParallel under torchrun."""
+    if not launched_by_torchrun():
+        if settings.fsdp:
+            raise UsageError("--fsdp shards the model over several processes: launch with "
+                             "torchrun --nproc-per-node N <script> --fsdp ...")
+        return SingleProcess()
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UsageError("this PyTorch build has no torch.distributed: run without torchrun")
+    fully_shard = find_fully_shard() if settings.fsdp else None  # fail before joining
+    device = dev.resolve_device(settings.device)
+    local_rank, local_size = (int(os.environ.get(k, d)) for k, d in
+                              (("LOCAL_RANK", 0), ("LOCAL_WORLD_SIZE", 1)))
+    if device.type == "cuda":
+        if local_size > torch.cuda.device_count():
+            raise UsageError(f"torchrun started {local_size} processes on this node but only "
+                             f"{torch.cuda.device_count()} GPUs are visible: use one process "
+                             f"per GPU (--nproc-per-node {torch.cuda.device_count()})")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # device_id binds this process to its GPU and lets NCCL connect right away.
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return DataParallel(settings, device, backend, fully_shard)
+
+
+def find_fully_shard():
+    """FSDP2's entry point: public since torch 2.6, under _composable in 2.4-2.5."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard
+        except ImportError:
+            raise UsageError(f"--fsdp needs FSDP2 (fully_shard, torch >= 2.4); torch "
+                             f"{torch.__version__} lacks it: run without --fsdp for DDP") from None
+    return fully_shard
+
+
+class DataParallel(SingleProcess):
+    def __init__(self, settings, device: torch.device, backend: str, fully_shard=None):
+        import torch.distributed as dist
+
+        self.dist, self.device, self.fully_shard = dist, device, fully_shard
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        self.kind = "fsdp2" if fully_shard else "ddp"
+        self.grad_accum = settings.grad_accum
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.gradient_numel = 0
+        self.extra = {
+            "launcher": "torchrun", "kind": self.kind, "backend": backend,
+            "world_size": self.world_size, "nodes": self.world_size // local_size,
+            "processes_per_node": local_size,
+            "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
+            "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
+            "nccl_version": _nccl_version() if backend == "nccl" else None,
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+        }
+
+    # ------------------------------------------------------------ the model
+    def wrap(self, model, settings):
+        self.gradient_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if self.kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # DDP broadcasts rank 0's weights at construction, so replicas start equal.
+            return DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=BUCKET_MB)
+        if not hasattr(model, "layers"):
+            raise UsageError("--fsdp shards one transformer block at a time and needs model.layers")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        # One FSDP unit per block: only one block's full weights exist at a time,
+        # and the next block's all-gather overlaps this block's compute.
+        for block in model.layers:
+            self.fully_shard(block, mesh=mesh)
+        self.fully_shard(model, mesh=mesh)  # the rest: embeddings, final norm, output head
+        return model
+
+    def no_sync(self, model, micro_step):
+        """Gradient accumulation: communicate only on the last micro-step."""
+        if micro_step == self.grad_accum - 1:
+            return contextlib.nullcontext()
+        return model.no_sync() if self.kind == "ddp" else _fsdp_no_sync(model)
+
+    # ------------------------------------------------------------ results
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        total = values.detach().clone()
+        self.dist.all_reduce(total)  # SUM: the one reduction every backend has (gloo lacks AVG)
+        return total / self.world_size
+
+    def check_gradient_flow(self, model) -> int:
+        if self.kind == "ddp":
+            # After the all-reduce every replica holds the full averaged gradient.
+            return measure.check_gradient_flow(model.module)
+        return measure.check_gradient_flow(self._sharded_gradient_summary(model))
+
+    def _sharded_gradient_summary(self, model):
+        """FSDP2 gradients are sharded: each rank holds a slice (maybe empty) of each.
+
+        Summarise every parameter by three sums over all ranks - has a gradient,
+        non-finite entries, sum of |g| - in one all-reduce, and hand
+        measure.check_gradient_flow one number per parameter in a stand-in that
+        has just what it reads (named_parameters, requires_grad, grad).
+        """
+        names, rows = [], []
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            names.append(name)
+            if p.grad is None:
+                rows.append(torch.zeros(3, device=self.device))
+                continue
+            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            rows.append(torch.stack([torch.ones((), device=local.device),
+                                     (~torch.isfinite(local)).sum().float(),
+                                     local.float().abs().sum()]))
+        sums = torch.stack(rows).to(self.device)
+        self.dist.all_reduce(sums)
+        params = [(name, SimpleNamespace(requires_grad=True, grad=None if has == 0 else
+                                         torch.tensor([math.nan if bad else size])))
+                  for name, (has, bad, size) in zip(names, sums.tolist())]
+        return SimpleNamespace(named_parameters=lambda: iter(params))
+
+    def aggregate_timing(self, timing: dict) -> dict:
+        """Every rank's medians go into `distributed`; the slowest rank sets the pace.
+
+        Ranks wait for each other at every gradient all-reduce, so throughput is
+        set by the slowest one: for each phase we report that rank's statistics.
+        """
+        per_rank = [None] * self.world_size
+        self.dist.all_gather_object(per_rank, timing)
+        self.extra["per_rank_median_ms"] = {phase: [t[phase]["median"] for t in per_rank]
+                                            for phase in timing}
+        self.extra["communication"] = self.measure_communication()
+        return {phase: max((t[phase] for t in per_rank), key=lambda s: s["median"] or 0.0)
+                for phase in timing}
+
+    # ------------------------------------------------------------ communication
+    def measure_communication(self, reps: int = 10) -> dict:
+        """Time the collectives of one step alone, after training.
+
+        Method: one gradient-bucket-sized buffer (25 MB of fp32, or the whole
+        model if smaller), timed over `reps` calls after two warm-up calls, the
+        slowest rank's mean, scaled by the number of buckets the model fills.
+        DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
+        the weights (forward and backward) and one reduce-scatter of the gradients.
+        This is the cost if nothing overlapped; DDP hides most of it behind
+        backward, and the part it cannot hide is (multi-GPU step - 1-GPU step):
+        `python -m harness.distributed` prints both.
+        Bus bandwidth follows the nccl-tests convention (comparable across N).
+        """
+        n = self.world_size
+        numel = min(self.gradient_numel, BUCKET_MB * 2**20 // 4)
+        numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
+        buckets = math.ceil(self.gradient_numel / numel)
+        full = torch.ones(numel, device=self.device)
+        shard = torch.ones(numel // n, device=self.device)
+        nbytes = numel * full.element_size()
+        if self.kind == "ddp":
+            ms = self._time(lambda: self.dist.all_reduce(full), reps)
+            ops = {"all_reduce": ms}
+            per_step, busbw = ms * buckets, nbytes / ms / 1e6 * 2 * (n - 1) / n
+        else:
+            gather = self._time(lambda: self.dist.all_gather_into_tensor(full, shard), reps)
+            scatter = self._time(lambda: self.dist.reduce_scatter_tensor(shard, full), reps)
+            ops = {"all_gather": gather, "reduce_scatter": scatter}
+            per_step = (2 * gather + scatter) * buckets
+            busbw = nbytes / min(gather, scatter) / 1e6 * (n - 1) / n
+        return {"method": f"{reps} timed calls on an idle device, slowest rank, "
+                          f"x {buckets} buckets; not overlapped with compute",
+                "bucket_mb": nbytes / 2**20, "buckets": buckets,
+                "gradient_mb": self.gradient_numel * 4 / 2**20,
+                "ms_per_bucket": ops, "per_step_ms": per_step, "bus_bandwidth_gb_s": busbw}
+
+    def _time(self, collective, reps: int) -> float:
+        for _ in range(2):  # the first calls set up connections and buffers
+            collective()
+        dev.synchronize(self.device)
+        self.dist.barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            collective()
+        dev.synchronize(self.device)
+        ms = torch.tensor([(time.perf_counter() - start) * 1000 / reps], device=self.device)
+        self.dist.all_reduce(ms, op=self.dist.ReduceOp.MAX)
+        return ms.item()
+
+    def close(self):
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)  # keep unsharded grads, skip the reduce-scatter
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _nccl_version() -> str | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # a build without NCCL/RCCL: just record nothing
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+# ---------------------------------------------------------------- scaling efficiency
+def scaling(single: dict, multi: dict) -> dict:
+    """Efficiency = global tokens/s / (N x tokens/s of one GPU at the same per-GPU batch).
+
+    100% means N GPUs do N times the work per second; what is lost is
+    communication that backward could not hide, plus waiting for the slowest rank.
+    """
+    n = multi["run"].get("world_size", 1)
+    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum")
+                  if single["run"].get(k) != multi["run"].get(k)]
+    if single["run"].get("world_size", 1) != 1 or mismatched or single["config"] != multi["config"]:
+        what = ", ".join(mismatched) or ("model config" if single["config"] != multi["config"]
+                                         else "world size of the baseline")
+        raise UsageError(f"not comparable to the 1-GPU baseline (differs in {what}): "
+                         f"use the same model and per-GPU batch")
+    tps_1, tps_n = single["throughput"]["tokens_per_s"], multi["throughput"]["tokens_per_s"]
+    comm = (multi.get("distributed") or {}).get("communication") or {}
+    return {"kind": multi["run"].get("parallel", "single"), "world_size": n,
+            "global_batch_size": multi["run"].get("global_batch_size"),
+            "tokens_per_s": tps_n, "tokens_per_s_per_gpu": tps_n / n,
+            "efficiency": tps_n / (n * tps_1) if tps_1 and tps_n else None,
+            "step_ms": multi["timing_ms"]["step"]["median"],
+            "exposed_comm_ms": multi["timing_ms"]["step"]["median"] - single["timing_ms"]["step"]["median"],
+            "comm_ms_if_not_overlapped": comm.get("per_step_ms"),
+            "bus_bandwidth_gb_s": comm.get("bus_bandwidth_gb_s")}
+
+
+def format_scaling(single: dict, rows: list[dict]) -> str:
+    def cell(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    head = ("run", "GPUs", "global batch", "tokens/s", "tok/s/GPU", "efficiency", "step ms",
+            "exposed comm ms", "comm ms alone", "bus GB/s")
+    base = {"kind": "1 GPU", "world_size": 1, "global_batch_size": single["run"].get("global_batch_size"),
+            "tokens_per_s": single["throughput"]["tokens_per_s"], "efficiency": 1.0,
+            "tokens_per_s_per_gpu": single["throughput"]["tokens_per_s"],
+            "step_ms": single["timing_ms"]["step"]["median"]}
+    lines = [[r["kind"], str(r["world_size"]), cell(r.get("global_batch_size"), "d"),
+              cell(r["tokens_per_s"], ",.0f"), cell(r["tokens_per_s_per_gpu"], ",.0f"),
+              cell(r["efficiency"] * 100 if r["efficiency"] else None, ".1f") + "%",
+              cell(r["step_ms"], ".2f"), cell(r.get("exposed_comm_ms"), ".2f"),
+              cell(r.get("comm_ms_if_not_overlapped"), ".2f"), cell(r.get("bus_bandwidth_gb_s"), ".1f")]
+             for r in [base, *rows]]
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    d = single["device"]
+    return "\n".join([f"device: {d['name']} ({d['backend']}), torch {d['torch']}, "
+                      f"{single['version']}, per-GPU batch {single['run']['batch_size']} x "
+                      f"seq {single['run']['seq_len']}, {single['run']['precision']}",
+                      fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    from . import results
+
+    p = argparse.ArgumentParser(prog="python -m harness.distributed",
+                                description="Scaling efficiency of data-parallel runs "
+                                            "against a 1-GPU run of the same per-GPU batch.")
+    p.add_argument("single", help="results JSON of the 1-GPU run")
+    p.add_argument("multi", nargs="+", help="results JSONs of torchrun runs")
+    p.add_argument("--json", help="also write the comparison here")
+    args = p.parse_args(argv)
+    try:
+        single = results.load(args.single)
+        rows = [scaling(single, results.load(path)) for path in args.multi]
+    except (results.SchemaError, UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_scaling(single, rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"single": args.single, "runs": dict(zip(args.multi, rows))}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(compare_main())
