@@ -182,3 +182,19 @@ def test_gradient_guard_passes_on_healthy_model():
     logits = model(torch.randint(0, 256, (2, 8)))
     torch.nn.functional.cross_entropy(logits.view(-1, 256), torch.randint(0, 256, (16,))).backward()
     assert measure.check_gradient_flow(model) == len(list(model.parameters()))
+
+
+def test_nvtx_block_ranges_leave_outputs_unchanged(monkeypatch):
+    # range_push returns the nesting depth (an int); a forward pre-hook that
+    # returned it would replace the block's inputs. Simulate it on the CPU.
+    from harness.trainer import add_nvtx_ranges
+    calls = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(name) or 1)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop") or 0)
+    v1 = load_version("v1")
+    model = v1.build_model(ModelConfig())
+    ids = torch.randint(0, 256, (2, 8))
+    expected = model(ids)
+    add_nvtx_ranges(model)
+    torch.testing.assert_close(model(ids), expected)
+    assert calls[:2] == ["block0", "pop"] and len(calls) == 2 * len(model.layers)
