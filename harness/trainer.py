@@ -230,8 +230,9 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
         peak = measure.peak_memory(device)
         raise OutOfMemory(
             f"out of memory (peak allocated {peak.get('peak_allocated_mb', 0) / 1024:.1f} GiB) "
-            f"at batch {settings.batch_size} x seq {settings.seq_len}: try a smaller --batch-size, "
-            f"--grad-checkpoint or --precision bf16") from None
+            f"at batch {settings.batch_size} x seq {settings.seq_len}: try a smaller --batch-size"
+            f" or --grad-checkpoint" + (" or --precision bf16" if precision in ("fp32", "tf32")
+                                        else "")) from None
     except (RuntimeError, AssertionError) as e:
         if settings.compile and _looks_like_compile_error(e):
             raise UsageError(f"torch.compile failed ({type(e).__name__}: "
