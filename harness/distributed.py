@@ -42,6 +42,7 @@ from . import measure
 from .errors import UsageError
 
 BUCKET_MB = 25  # DDP's default gradient bucket; we pass it explicitly and time one bucket
+BUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/N, as nccl-tests
 ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
 
 
@@ -85,8 +86,8 @@ def setup(settings):
         raise UsageError("this PyTorch build has no torch.distributed: run without torchrun")
     fully_shard = find_fully_shard() if settings.fsdp else None  # fail before joining
     device = dev.resolve_device(settings.device)
-    local_rank, local_size = (int(os.environ.get(k, d)) for k, d in
-                              (("LOCAL_RANK", 0), ("LOCAL_WORLD_SIZE", 1)))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if device.type == "cuda":
         if local_size > torch.cuda.device_count():
             raise UsageError(f"torchrun started {local_size} processes on this node but only "
@@ -235,22 +236,26 @@ class DataParallel(SingleProcess):
         buckets = math.ceil(self.gradient_numel / numel)
         full = torch.ones(numel, device=self.device)
         shard = torch.ones(numel // n, device=self.device)
-        nbytes = numel * full.element_size()
         if self.kind == "ddp":
-            ms = self._time(lambda: self.dist.all_reduce(full), reps)
-            ops = {"all_reduce": ms}
-            per_step, busbw = ms * buckets, nbytes / ms / 1e6 * 2 * (n - 1) / n
+            ops = {"all_reduce": self._time(lambda: self.dist.all_reduce(full), reps)}
+            per_step = ops["all_reduce"] * buckets
         else:
-            gather = self._time(lambda: self.dist.all_gather_into_tensor(full, shard), reps)
-            scatter = self._time(lambda: self.dist.reduce_scatter_tensor(shard, full), reps)
-            ops = {"all_gather": gather, "reduce_scatter": scatter}
-            per_step = (2 * gather + scatter) * buckets
-            busbw = nbytes / min(gather, scatter) / 1e6 * (n - 1) / n
+            # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
+            all_gather = getattr(self.dist, "all_gather_single", self.dist.all_gather_into_tensor)
+            reduce_scatter = getattr(self.dist, "reduce_scatter_single",
+                                     self.dist.reduce_scatter_tensor)
+            ops = {"all_gather": self._time(lambda: all_gather(full, shard), reps),
+                   "reduce_scatter": self._time(lambda: reduce_scatter(shard, full), reps)}
+            per_step = (2 * ops["all_gather"] + ops["reduce_scatter"]) * buckets
+        nbytes = numel * full.element_size()
+        busbw = {op: nbytes / ms / 1e6 * BUS_FACTOR[op] * (n - 1) / n for op, ms in ops.items()}
         return {"method": f"{reps} timed calls on an idle device, slowest rank, "
                           f"x {buckets} buckets; not overlapped with compute",
-                "bucket_mb": nbytes / 2**20, "buckets": buckets,
-                "gradient_mb": self.gradient_numel * 4 / 2**20,
-                "ms_per_bucket": ops, "per_step_ms": per_step, "bus_bandwidth_gb_s": busbw}
+                "bucket_mib": nbytes / 2**20, "buckets": buckets,
+                "gradient_mib": self.gradient_numel * 4 / 2**20,
+                "ms_per_bucket": ops, "per_step_ms": per_step,
+                "bus_bandwidth_gb_s_per_op": busbw,
+                "bus_bandwidth_gb_s": next(iter(busbw.values()))}  # all-reduce / all-gather
 
     def _time(self, collective, reps: int) -> float:
         for _ in range(2):  # the first calls set up connections and buffers
@@ -303,40 +308,42 @@ def scaling(single: dict, multi: dict) -> dict:
         raise UsageError(f"not comparable to the 1-GPU baseline (differs in {what}): "
                          f"use the same model and per-GPU batch")
     tps_1, tps_n = single["throughput"]["tokens_per_s"], multi["throughput"]["tokens_per_s"]
+    step_1, step_n = single["timing_ms"]["step"]["median"], multi["timing_ms"]["step"]["median"]
     comm = (multi.get("distributed") or {}).get("communication") or {}
     return {"kind": multi["run"].get("parallel", "single"), "world_size": n,
             "global_batch_size": multi["run"].get("global_batch_size"),
             "tokens_per_s": tps_n, "tokens_per_s_per_gpu": tps_n / n,
             "efficiency": tps_n / (n * tps_1) if tps_1 and tps_n else None,
-            "step_ms": multi["timing_ms"]["step"]["median"],
-            "exposed_comm_ms": multi["timing_ms"]["step"]["median"] - single["timing_ms"]["step"]["median"],
+            "step_ms": step_n, "extra_ms_vs_1gpu": step_n - step_1,
             "comm_ms_if_not_overlapped": comm.get("per_step_ms"),
             "bus_bandwidth_gb_s": comm.get("bus_bandwidth_gb_s")}
 
 
-def format_scaling(single: dict, rows: list[dict]) -> str:
-    def cell(value, spec):
-        return "n/a" if value is None else format(value, spec)
+COLUMNS = (  # header, key in a scaling() row, format
+    ("run", "kind", "s"), ("GPUs", "world_size", "d"), ("global batch", "global_batch_size", "d"),
+    ("tokens/s", "tokens_per_s", ",.0f"), ("tok/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
+    ("efficiency", "efficiency", ".1%"), ("step ms", "step_ms", ".2f"),
+    ("+ms vs 1 GPU", "extra_ms_vs_1gpu", ".2f"),
+    ("comm ms alone", "comm_ms_if_not_overlapped", ".2f"),
+    ("bus GB/s", "bus_bandwidth_gb_s", ".1f"))
 
-    head = ("run", "GPUs", "global batch", "tokens/s", "tok/s/GPU", "efficiency", "step ms",
-            "exposed comm ms", "comm ms alone", "bus GB/s")
-    base = {"kind": "1 GPU", "world_size": 1, "global_batch_size": single["run"].get("global_batch_size"),
-            "tokens_per_s": single["throughput"]["tokens_per_s"], "efficiency": 1.0,
-            "tokens_per_s_per_gpu": single["throughput"]["tokens_per_s"],
+
+def format_scaling(single: dict, rows: list[dict]) -> str:
+    tps = single["throughput"]["tokens_per_s"]
+    base = {"kind": "1 GPU", "world_size": 1,
+            "global_batch_size": single["run"].get("global_batch_size"), "tokens_per_s": tps,
+            "tokens_per_s_per_gpu": tps, "efficiency": 1.0,
             "step_ms": single["timing_ms"]["step"]["median"]}
-    lines = [[r["kind"], str(r["world_size"]), cell(r.get("global_batch_size"), "d"),
-              cell(r["tokens_per_s"], ",.0f"), cell(r["tokens_per_s_per_gpu"], ",.0f"),
-              cell(r["efficiency"] * 100 if r["efficiency"] else None, ".1f") + "%",
-              cell(r["step_ms"], ".2f"), cell(r.get("exposed_comm_ms"), ".2f"),
-              cell(r.get("comm_ms_if_not_overlapped"), ".2f"), cell(r.get("bus_bandwidth_gb_s"), ".1f")]
-             for r in [base, *rows]]
-    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    d = single["device"]
+    cells = [[h for h, _, _ in COLUMNS]]
+    cells += [["n/a" if r.get(key) is None else format(r[key], spec) for _, key, spec in COLUMNS]
+              for r in [base, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    run, d = single["run"], single["device"]
     return "\n".join([f"device: {d['name']} ({d['backend']}), torch {d['torch']}, "
-                      f"{single['version']}, per-GPU batch {single['run']['batch_size']} x "
-                      f"seq {single['run']['seq_len']}, {single['run']['precision']}",
-                      fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+                      f"{single['version']}, per-GPU batch {run['batch_size']} x "
+                      f"seq {run['seq_len']}, {run['precision']}",
+                      lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
 def compare_main(argv: list[str] | None = None) -> int:
