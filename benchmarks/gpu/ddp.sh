@@ -7,7 +7,7 @@
 # so 2 GPUs do twice the work per step; scaling efficiency =
 # global tokens/s / (2 x single-GPU tokens/s). Target on 2 H200s: >= 90%.
 # Writes single.json, ddp2.json, fsdp2.json, scaling.json, topology.txt and
-# a log to $OUT_DIR. Expected wall time: about 2-3 minutes (mostly start-up:
+# runs.log to $OUT_DIR. Expected wall time: about 2-3 minutes (mostly start-up:
 # three torch imports and NCCL set-up; the timed steps take seconds).
 #
 # NVLink multicast (NVLS) stays off: this script never sets NCCL_NVLS_ENABLE=1
@@ -36,7 +36,7 @@ fi
 SCRIPT=version4_sdpa/tiny_llama_v4.py
 [ -f "$SCRIPT" ] || SCRIPT=version1_baseline/tiny_llama_v1.py
 ARGS=(--preset medium --precision bf16 --num-steps "$STEPS" --warmup-steps 10 --log-every 20)
-LOG="$OUT_DIR/ddp.log"
+LOG="$OUT_DIR/runs.log"  # every run's full output
 : > "$LOG"
 (nvidia-smi topo -m || rocm-smi --showtopo) > "$OUT_DIR/topology.txt" 2>&1 || true
 
