@@ -1,0 +1,431 @@
+"""Compare every version on one configuration, in one invocation, interleaved.
+
+    python benchmarks/compare_versions.py --preset medium --precision bf16
+    python benchmarks/compare_versions.py --preset tiny --modes eager --num-steps 6   # CPU smoke
+
+Each (version, mode) pair trains through the very same command line an attendee
+uses (`version.main([...])`, in this process): same data stream, seed,
+precision, timing (device events, warm-up excluded, median step). Pairs run
+round-robin, `--repeats` times, starting from a different pair each round, so
+clock ramps and thermal drift spread over all versions instead of favouring
+whichever ran first. One process also means each torch.compile happens once:
+later repeats reuse the compiled code.
+
+Modes: eager, compile (torch.compile), reduce-overhead (compile + CUDA/HIP
+graphs), max-autotune (compile + GEMM autotuning: slow to compile). Each
+version runs the modes it was written for (VERSION_MODES) that --modes asks
+for; V1 is the plain-PyTorch baseline and always runs eager. When
+`transformers` is importable a peer joins: Hugging Face LlamaForCausalLM of the
+same shape (SDPA attention, torch.compile), trained by the same loop.
+
+Prints a table (tokens/s, ratio to V1 eager, MFU against the datasheet peak and
+against a measured matmul ceiling) and writes one JSON (rewritten after every
+run, so an interrupted comparison still leaves its results).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gc
+import importlib
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import harness  # noqa: E402
+from harness import UsageError, WorkshopError  # noqa: E402
+from harness import results as run_results  # noqa: E402
+from harness.cli import OneLineParser  # noqa: E402
+
+VERSIONS = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_llama_v2",
+            "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
+PEER = "hf"
+VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"), "v3": ("eager", "compile"),
+                 "v4": ("eager", "compile", "reduce-overhead", "max-autotune")}
+MODE_FLAGS = {"eager": [], "compile": ["--compile"],
+              "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
+              "max-autotune": ["--compile", "--compile-mode", "max-autotune"]}
+# Issue 3's targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
+TARGETS = [
+    ("medium", "V2 best >= 1.3x V1", lambda s: s.ratio(s.best("v2"), s.speed("v1", "eager")), 1.3),
+    ("medium", "V4 best >= 55% MFU of the measured matmul ceiling",
+     lambda s: s.mfu_measured(*s.best_key("v4")), 0.55),
+    ("medium", "V4 best >= 1.15x HF peer (compiled)",
+     lambda s: s.ratio(s.best("v4"), s.speed(PEER, "compile")), 1.15),
+    ("small", "V4 best >= 3x HF peer (compiled)",
+     lambda s: s.ratio(s.best("v4"), s.speed(PEER, "compile")), 3.0),
+]
+
+
+# ---- the peer ------------------------------------------------------------------
+def build_hf_peer(config):
+    """LlamaForCausalLM of the same shape: what an attendee would otherwise pick."""
+    import torch.nn as nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_dim,
+        intermediate_size=config.ffn_dim, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim, max_position_embeddings=config.max_seq_len,
+        rms_norm_eps=config.norm_eps, rope_theta=config.rope_theta,
+        tie_word_embeddings=config.tie_embeddings, use_cache=False,
+        attn_implementation="sdpa"))
+
+    class HFPeer(nn.Module):  # forward(ids) -> logits and .layers, as the harness expects
+        def __init__(self):
+            super().__init__()
+            self.hf, self.layers = hf, hf.model.layers
+
+        def forward(self, ids):
+            return self.hf(input_ids=ids).logits
+
+    return HFPeer()
+
+
+def entry_point(name: str):
+    if name == PEER:
+        return lambda argv: harness.main(PEER, build_hf_peer, argv=argv, init_from_v1=False,
+                                         default_optimizer="fused",
+                                         description="Hugging Face LlamaForCausalLM (peer)")
+    return importlib.import_module(VERSIONS[name]).main
+
+
+def available(name: str) -> str | None:
+    """None if `name` can run here, else why not (one line)."""
+    if name == PEER:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            return "transformers is not installed: no HF peer"
+        return None
+    if not (REPO / (VERSIONS[name].replace(".", "/") + ".py")).exists():
+        return f"{name} is not written yet"
+    return None
+
+
+# ---- one run -------------------------------------------------------------------
+class _Tee(io.TextIOBase):
+    """Pass stderr through while keeping its last lines (a failed run's one-line reason)."""
+
+    def __init__(self, stream):
+        self.stream, self.lines = stream, []
+
+    def write(self, text):
+        self.stream.write(text)
+        self.lines += [line for line in text.splitlines() if line.strip()]
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+
+    out = workdir / f"{name}_{mode}_{repeat}.json"
+    argv = [*common, *MODE_FLAGS[mode], "--output", str(out), "--quiet"]
+    skips_before = counters["inductor"]["cudagraph_skips"]
+    started = time.perf_counter()
+    with contextlib.redirect_stderr(_Tee(sys.stderr)) as err:
+        try:
+            code = entry_point(name)(argv)
+        except Exception as e:  # a bug in one entry must not lose the others' results
+            traceback.print_exc()
+            code = 1
+            print(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  file=sys.stderr)
+    row = {"version": name, "mode": mode, "repeat": repeat, "exit_code": code,
+           "wall_s": round(time.perf_counter() - started, 1),
+           "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips_before}
+    if code != 0:
+        row["error"] = err.lines[-1] if err.lines else f"exit code {code}"
+    else:
+        r = run_results.load(out)
+        row.update(tokens_per_s=r["throughput"]["tokens_per_s"],
+                   step_ms=r["timing_ms"]["step"]["median"],
+                   phases_ms={p: r["timing_ms"][p]["median"] for p in ("forward", "backward", "optimizer")},
+                   achieved_tflops=r["flops"]["achieved_tflops"], mfu_datasheet=r["mfu"]["value"],
+                   peak_tflops_datasheet=r["mfu"]["peak_tflops"],
+                   peak_memory_mb=r["memory"].get("peak_allocated_mb", r["memory"].get("peak_rss_mb")),
+                   final_loss=r["losses"][-1], options=r["options"], device=r["device"],
+                   config=r["config"], run=r["run"])
+    gc.collect()  # free this run's model, optimizer and activations before the next
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
+
+
+# ---- summary -------------------------------------------------------------------
+class Summary:
+    """Medians over repeats per (version, mode), and the comparisons the table needs."""
+
+    def __init__(self, rows: list[dict], ceiling_tflops: float | None):
+        self.ceiling, self.groups = ceiling_tflops, {}
+        for row in rows:
+            self.groups.setdefault((row["version"], row["mode"]), []).append(row)
+
+    def ok(self, key):
+        return [r for r in self.groups.get(key, []) if r["exit_code"] == 0]
+
+    def median(self, key, field):
+        values = [r[field] for r in self.ok(key) if r.get(field) is not None]
+        return statistics.median(values) if values else None
+
+    def speed(self, version, mode):
+        return self.median((version, mode), "tokens_per_s")
+
+    def best_key(self, version):
+        keys = [k for k in self.groups if k[0] == version and self.speed(*k)]
+        return max(keys, key=lambda k: self.speed(*k)) if keys else (version, None)
+
+    def best(self, version):
+        return self.speed(*self.best_key(version))
+
+    def mfu_measured(self, version, mode):
+        achieved = self.median((version, mode), "achieved_tflops")
+        return achieved / self.ceiling if achieved and self.ceiling else None
+
+    @staticmethod
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    def rows(self) -> list[dict]:
+        base = self.speed("v1", "eager")
+        out = []
+        for key, runs in self.groups.items():
+            speeds = [r["tokens_per_s"] for r in self.ok(key)]
+            first = (self.ok(key) or runs)[0]
+            out.append({"version": key[0], "mode": key[1], "runs": len(runs), "ok": len(speeds),
+                        "tokens_per_s": self.speed(*key),
+                        "tokens_per_s_min": min(speeds, default=None),
+                        "tokens_per_s_max": max(speeds, default=None),
+                        "step_ms": self.median(key, "step_ms"),
+                        "x_v1_eager": self.ratio(self.speed(*key), base),
+                        "mfu_datasheet": self.median(key, "mfu_datasheet"),
+                        "mfu_measured_ceiling": self.mfu_measured(*key),
+                        "peak_memory_mb": self.median(key, "peak_memory_mb"),
+                        "sdpa_kernel": first.get("options", {}).get("sdpa_kernel"),
+                        "cudagraph_skips": sum(r.get("cudagraph_skips", 0) for r in runs),
+                        "error": next((r["error"] for r in runs if "error" in r), None)})
+        return out
+
+    def targets(self, preset: str) -> list[dict]:
+        checks = []
+        for target_preset, claim, measure, threshold in TARGETS:
+            if target_preset == preset:
+                value = measure(self)
+                checks.append({"target": claim, "value": value, "threshold": threshold,
+                               "met": None if value is None else value >= threshold})
+        return checks
+
+
+def format_table(summary_rows: list[dict]) -> str:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    header = ["version", "mode", "tokens/s", "min..max", "step ms", "x V1", "MFU",
+              "MFU/ceil", "peak MB", "notes"]
+    lines = []
+    for r in summary_rows:
+        notes = [f"sdpa={r['sdpa_kernel']}"] if r["sdpa_kernel"] else []
+        notes += [f"cudagraph skips={r['cudagraph_skips']}"] if r["cudagraph_skips"] else []
+        notes += [f"FAILED {r['ok']}/{r['runs']}: {r['error']}"] if r["error"] else []
+        spread = (f"{fmt(r['tokens_per_s_min'], ',.0f')}..{fmt(r['tokens_per_s_max'], ',.0f')}"
+                  if r["ok"] > 1 else "")
+        lines.append([r["version"], r["mode"], fmt(r["tokens_per_s"], ",.0f"), spread,
+                      fmt(r["step_ms"], ".2f"), fmt(r["x_v1_eager"], ".2f"),
+                      fmt(r["mfu_datasheet"] and r["mfu_datasheet"] * 100, ".1f"),
+                      fmt(r["mfu_measured_ceiling"] and r["mfu_measured_ceiling"] * 100, ".1f"),
+                      fmt(r["peak_memory_mb"], ",.0f"), "; ".join(notes)])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header[:-1])]
+    join = lambda cells: "  ".join(  # noqa: E731
+        [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))] + cells[len(widths):])
+    return "\n".join([join(header), join(["-" * w for w in widths] + ["-----"]), *map(join, lines)])
+
+
+# ---- SDPA kernels side by side ----------------------------------------------------
+def sdpa_sweep(config, batch: int, seq_len: int, device, dtype) -> list[dict]:
+    """Forward+backward time of causal SDPA per backend on this preset's attention shapes."""
+    import torch
+    from harness.device import StepClock, synchronize
+    from harness.flops import attention_kernel_flops
+    from harness.measure import summarize
+    from version4_sdpa.tiny_llama_v4 import BACKENDS, causal_sdpa
+
+    def tensor(heads):
+        return torch.randn(batch, seq_len, heads, config.head_dim, device=device,
+                           dtype=dtype).transpose(1, 2).requires_grad_()
+
+    q, k, v = tensor(config.num_heads), tensor(config.num_kv_heads), tensor(config.num_kv_heads)
+    flop = attention_kernel_flops(config.replace(num_layers=1), batch, seq_len)
+    rows = []
+    for backend in ("auto", *BACKENDS):
+        try:
+            samples = []
+            for i in range(13):
+                clock = StepClock(device)
+                clock.mark("start")
+                causal_sdpa(q, k, v, backend).sum().backward()
+                clock.mark("end")
+                synchronize(device)
+                if i >= 3:  # warm-up
+                    samples.append(clock.elapsed_ms("start", "end"))
+            ms = summarize(samples)["median"]
+            rows.append({"backend": backend, "fwd_bwd_ms": ms,
+                         "tflops_causal": (flop["forward"] + flop["backward"]) / ms / 1e9})
+        except RuntimeError as e:
+            rows.append({"backend": backend, "error": str(e).splitlines()[0][:120]})
+    return rows
+
+
+# ---- main ----------------------------------------------------------------------
+def parse_args(argv):
+    p = OneLineParser(prog="compare_versions.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=sorted(harness.PRESETS), default=None,
+                   help="default: tiny on CPU, small on a GPU")
+    p.add_argument("--versions", default="v1,v2,v3,v4,hf",
+                   help="comma-separated; missing ones are skipped with a note")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated from eager,compile,reduce-overhead,max-autotune "
+                        "(default: eager,compile,reduce-overhead on a GPU, eager on CPU)")
+    p.add_argument("--peer-modes", default="compile", help="modes for the HF peer")
+    p.add_argument("--repeats", type=int, default=2, help="rounds over all (version, mode) pairs")
+    p.add_argument("--num-steps", type=int, default=30)
+    p.add_argument("--warmup-steps", type=int, default=8)
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default=None)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
+    p.add_argument("--sdpa-backend", default="auto", help="passed to V4")
+    p.add_argument("--sdpa-sweep", action="store_true",
+                   help="also time every SDPA backend on this preset's attention shapes")
+    p.add_argument("--output", help="JSON path (default: results/compare_<preset>.json)")
+    args = p.parse_args(argv)
+    for flag, value in (("--repeats", args.repeats), ("--num-steps", args.num_steps)):
+        if value <= 0:
+            raise UsageError(f"{flag} must be > 0 (got {value})")
+    return args
+
+
+def split_list(text: str, allowed, flag: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in items if s not in allowed]
+    if unknown or not items:
+        raise UsageError(f"{flag}: unknown or empty {', '.join(unknown) or text!r} "
+                         f"(choose from {', '.join(allowed)})")
+    return items
+
+
+def compare(args) -> dict:
+    import torch
+    from harness import ceilings, trainer
+    from harness.device import describe, resolve_device
+
+    device = resolve_device(args.device)
+    preset = args.preset or ("small" if device.type == "cuda" else "tiny")
+    precision = trainer.choose_precision(args.precision, device)
+    default_modes = "eager,compile,reduce-overhead" if device.type == "cuda" else "eager"
+    modes = split_list(args.modes or default_modes, MODE_FLAGS, "--modes")
+    peer_modes = split_list(args.peer_modes, MODE_FLAGS, "--peer-modes")
+    pairs = []
+    for name in split_list(args.versions, [*VERSIONS, PEER], "--versions"):
+        why_not = available(name)
+        if why_not:
+            print(f"note: {why_not}")
+            continue
+        allowed = peer_modes if name == PEER else [m for m in VERSION_MODES[name] if m in modes]
+        pairs += [(name, m) for m in (allowed or VERSION_MODES[name][:1])]
+    output = Path(args.output or REPO / "results" / f"compare_{preset}.json")
+    if output.suffix != ".json":
+        raise UsageError("--output must end in .json")
+
+    if "reduce-overhead" in modes + peer_modes and device.type == "cuda":
+        torch._logging.set_logs(perf_hints=True)  # prints why CUDA graphs were skipped, if ever
+    common = ["--preset", preset, "--precision", precision, "--device", device.type,
+              "--num-steps", str(args.num_steps), "--warmup-steps", str(args.warmup_steps),
+              "--data", args.data]
+    ceiling = ceilings.measure_matmul_tflops(device, precision)
+    p = harness.PRESETS[preset]
+    report = {"schema": "compare_versions/1",
+              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python", "benchmarks/compare_versions.py", *sys.argv[1:]]),
+              "git_commit": run_results.git_commit(), "device": describe(device),
+              "preset": preset, "precision": precision, "config": p.model.to_dict(),
+              "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
+              "warmup_steps": args.warmup_steps, "repeats": args.repeats,
+              "ceiling": {"matmul_tflops": ceiling,
+                          "source": f"measured: harness.ceilings.measure_matmul_tflops({precision})"},
+              "runs": [], "summary": [], "targets": []}
+    print(f"compare: preset {preset}, {precision}, {report['device']['name']}, torch "
+          f"{torch.__version__}; {len(pairs)} (version, mode) pairs x {args.repeats} repeats; "
+          f"matmul ceiling {ceiling:.3g} TFLOP/s (measured)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="compare_") as workdir:
+        for repeat in range(args.repeats):
+            for i in range(len(pairs)):
+                name, mode = pairs[(i + repeat) % len(pairs)]  # rotate the starting pair
+                extra = ["--sdpa-backend", args.sdpa_backend] if name == "v4" else []
+                row = run_one(name, mode, repeat, common + extra, Path(workdir))
+                speed = f"{row['tokens_per_s']:,.0f} tok/s" if row["exit_code"] == 0 else row["error"]
+                print(f"  [{repeat + 1}/{args.repeats}] {name:3s} {mode:16s} {speed} "
+                      f"({row['wall_s']} s)", flush=True)
+                report["runs"].append(row)
+                summary = Summary(report["runs"], ceiling)
+                report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
+                _write_json(output, report)
+    if args.sdpa_sweep and (available("v4") is None):
+        dtype = ceilings.DTYPES[precision]
+        report["sdpa_sweep"] = sdpa_sweep(p.model, p.batch_size, p.seq_len, device, dtype)
+        _write_json(output, report)
+    print_report(report, output)
+    return report
+
+
+def print_report(report: dict, output: Path) -> None:
+    print(f"\n{report['preset']} preset, {report['precision']}, {report['device']['name']} "
+          f"(torch {report['device']['torch']}), batch {report['batch_size']} x seq "
+          f"{report['seq_len']}; median of {report['repeats']} repeats x "
+          f"{report['num_steps'] - report['warmup_steps']} timed steps; MFU vs datasheet, "
+          f"MFU/ceil vs measured matmul {report['ceiling']['matmul_tflops']:.3g} TFLOP/s")
+    print(format_table(report["summary"]))
+    for row in report.get("sdpa_sweep", []):
+        timing = (f"{row['fwd_bwd_ms']:.3f} ms fwd+bwd, {row['tflops_causal']:.3g} TFLOP/s (causal)"
+                  if "error" not in row else row["error"])
+        print(f"sdpa {row['backend']:9s} {timing}")
+    for t in report["targets"]:
+        verdict = "n/a   " if t["met"] is None else ("met   " if t["met"] else "MISSED")
+        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"target {verdict} {t['target']}: {value} (need {t['threshold']})")
+    print(f"results: {output}")
+
+
+def _write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, path)  # atomic: readers never see half a file
+
+
+def main(argv=None) -> int:
+    try:
+        compare(parse_args(sys.argv[1:] if argv is None else argv))
+        return 0
+    except WorkshopError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

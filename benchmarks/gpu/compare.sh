@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every version side by side on one GPU, bf16: the medium preset, then the small one.
+#
+#   OUT_DIR=results/compare bash benchmarks/gpu/compare.sh
+#   (or: bash benchmarks/gpu/run.sh compare)
+#
+# Runs benchmarks/compare_versions.py twice (one process per preset): V1 eager, V2/V3
+# eager + compiled, V4 eager + compiled (+ CUDA graphs on small), and the Hugging Face
+# LlamaForCausalLM peer compiled, interleaved round-robin, REPEATS rounds each.
+# Writes compare_medium.json, compare_small.json and their logs to $OUT_DIR, then
+# prints both tables and the issue's targets. Expected wall time on an H100/H200:
+# about 5-6 minutes, most of it torch.compile's first compilations (repeats reuse them).
+#
+# Knobs (environment): REPEATS (2), MEDIUM_MODES (eager,compile), SMALL_MODES
+# (eager,compile,reduce-overhead), PEER_MODES (compile), V4_SDPA (auto),
+# VERSIONS (v1,v2,v3,v4,hf), PYTHON (python3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR=${OUT_DIR:-results/compare}
+PY=${PYTHON:-python3}
+REPEATS=${REPEATS:-2}
+VERSIONS=${VERSIONS:-v1,v2,v3,v4,hf}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+start=$SECONDS
+
+$PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
+    echo "error: compare.sh needs a CUDA or ROCm GPU" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null \
+    || rocm-smi --showproductname 2>/dev/null | head -5
+
+status=0
+run() {  # preset modes steps warmup extra...
+    local preset=$1 modes=$2 steps=$3 warmup=$4; shift 4
+    echo "=== $preset ($(date -u +%H:%M:%S), $((SECONDS - start)) s so far)"
+    $PY benchmarks/compare_versions.py --preset "$preset" --precision bf16 \
+        --versions "$VERSIONS" --modes "$modes" --peer-modes "${PEER_MODES:-compile}" \
+        --repeats "$REPEATS" --num-steps "$steps" --warmup-steps "$warmup" \
+        --sdpa-backend "${V4_SDPA:-auto}" --output "$OUT_DIR/compare_$preset.json" "$@" \
+        > "$OUT_DIR/compare_$preset.log" 2>&1 || status=1
+    # Progress lines and any "skipping cudagraphs" hint, without the per-run noise.
+    grep -E "^\s+\[|skipping cudagraphs|^error|Error" "$OUT_DIR/compare_$preset.log" | tail -n 30
+}
+
+# medium: GPU-bound (~10 ms+ a step), so CUDA graphs add little; the SDPA sweep times
+# each attention kernel on these shapes (which one auto picks, and whether forcing helps).
+run medium "${MEDIUM_MODES:-eager,compile}" 30 10 --sdpa-sweep
+# small: launch-bound (~0.2 TFLOP a step): CUDA graphs are the lesson here.
+run small "${SMALL_MODES:-eager,compile,reduce-overhead}" 60 15
+
+echo
+echo "=================== summary ($((SECONDS - start)) s in all)"
+for preset in medium small; do  # compare_versions' report: from "<preset> preset, ..." on
+    sed -n "/^$preset preset, /,\$p" "$OUT_DIR/compare_$preset.log"
+done
+exit $status

@@ -1,0 +1,174 @@
+"""V2 (fused) and V4 (SDPA) are the same model as V1: same logits, same gradients.
+
+With V1's weights loaded through plain load_state_dict, the logits and the
+gradient of every V1 parameter (fused gradients split back into V1's names)
+must match V1 in fp32 to ~1e-5 of the tensor's scale, on odd shapes too.
+"""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, load_version, run_cli
+from harness import ModelConfig
+from harness.cli import build_parser
+
+TOL = 1e-5  # fp32: only summation order differs between the versions
+
+# batch, seq, heads, kv_heads, head_dim, tied: together every seq (1, 7, 123), batch (1, 3),
+# GQA ratio (1, 2, 4), head_dim (32, 64, 128) and tied/untied embeddings.
+SHAPES = [
+    pytest.param(1, 1, 4, 4, 32, False, id="b1-t1-mha-d32"),
+    pytest.param(3, 7, 4, 2, 64, True, id="b3-t7-gqa2-d64-tied"),
+    pytest.param(1, 123, 4, 1, 128, False, id="b1-t123-gqa4-d128"),
+    pytest.param(3, 123, 2, 1, 32, True, id="b3-t123-gqa2-d32-tied"),
+    pytest.param(3, 7, 8, 2, 32, False, id="b3-t7-gqa4-d32"),
+]
+VOCAB = 97  # odd on purpose
+
+
+def config(heads, kv_heads, head_dim, tied) -> ModelConfig:
+    return ModelConfig(vocab_size=VOCAB, hidden_dim=heads * head_dim, num_layers=2,
+                       num_heads=heads, num_kv_heads=kv_heads, max_seq_len=128,
+                       tie_embeddings=tied)
+
+
+def logits_and_grads(model, ids, targets):
+    model.zero_grad(set_to_none=True)
+    logits = model(ids)
+    F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)).backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_close_to_scale(actual, expected, what, scale=None):
+    """max |actual - expected| <= TOL * (largest |expected|, or `scale` where that is 0)."""
+    ref = expected.abs().max().item() or scale
+    err = (actual - expected).abs().max().item()
+    assert err <= TOL * ref, f"{what}: max error {err:.3g} vs scale {ref:.3g}"
+
+
+def check_matches_v1(version, cfg, batch, seq, **options):
+    v1 = load_version("v1")
+    torch.manual_seed(0)
+    reference = v1.build_model(cfg)
+    model = load_version(version).build_model(cfg, **options)
+    model.load_state_dict(reference.state_dict())  # plain load: the pre-hook stacks q/k/v, gate/up
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in reference.parameters())
+
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    targets = torch.randint(0, VOCAB, (batch, seq))
+    ref_logits, ref_grads = logits_and_grads(reference, ids, targets)
+    logits, grads = logits_and_grads(model, ids, targets)
+    grads = model.to_v1_layout(grads)
+
+    assert_close_to_scale(logits, ref_logits, "logits")
+    assert grads.keys() == ref_grads.keys()
+    # With seq 1, q/k get exactly zero gradient in V1 (softmax over one key); those
+    # are compared against the model's overall gradient scale instead.
+    overall = max(g.abs().max().item() for g in ref_grads.values())
+    for name, ref in ref_grads.items():
+        assert_close_to_scale(grads[name], ref, f"grad of {name}", overall)
+
+
+@pytest.mark.parametrize("batch, seq, heads, kv_heads, head_dim, tied", SHAPES)
+@pytest.mark.parametrize("version", ["v2", "v4"])
+def test_logits_and_every_gradient_match_v1(version, batch, seq, heads, kv_heads, head_dim, tied):
+    check_matches_v1(version, config(heads, kv_heads, head_dim, tied), batch, seq)
+
+
+@pytest.mark.parametrize("version, options", [
+    ("v2", {"fused_qkv": False}), ("v2", {"fused_gate_up": False}),
+    ("v2", {"fused_rmsnorm": False}), ("v2", {"fused_swiglu": False}),
+    ("v4", {"fused_qkv": False, "fused_gate_up": False, "fused_rmsnorm": False,
+            "fused_swiglu": False}),
+    ("v4", {"sdpa_backend": "math"}), ("v4", {"sdpa_backend": "flash"}),
+    ("v4", {"gqa": "repeat"}),
+], ids=lambda o: o if isinstance(o, str) else ",".join(f"{k}={v}" for k, v in o.items()))
+def test_every_switch_keeps_the_maths(version, options):
+    check_matches_v1(version, config(4, 2, 32, False), 3, 19, **options)
+
+
+@pytest.mark.parametrize("version", ["v2", "v4"])
+def test_checkpoints_round_trip_between_layouts(version):
+    """V1 -> Vn -> V1 layout gives back V1's state_dict exactly; Vn reloads its own."""
+    cfg = config(4, 2, 32, True)
+    reference = load_version("v1").build_model(cfg)
+    model = load_version(version).build_model(cfg)
+    model.load_state_dict(reference.state_dict())
+    back = model.to_v1_layout(model.state_dict())
+    assert back.keys() == reference.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in reference.state_dict().items())
+    load_version(version).build_model(cfg).load_state_dict(model.state_dict())
+
+
+def test_fusion_switches_reach_the_results_options():
+    v2 = load_version("v2")
+    parser = build_parser("v2", "", v2.add_fusion_arguments)
+    args = parser.parse_args(["--no-fused-qkv", "--no-fused-swiglu"])
+    assert v2.fusion_options(args) == {"fused_qkv": False, "fused_gate_up": True,
+                                       "fused_rmsnorm": True, "fused_swiglu": False}
+
+
+def test_loss_curves_agree_and_gradient_guard_passes(tmp_path):
+    """Same seed, same text: V1, V2 and V4 train the same model to the same losses."""
+    for version in ("v2", "v4"):
+        load_version(version)
+    scripts = {"v1": "version1_baseline/tiny_llama_v1.py", "v2": "version2_fused/tiny_llama_v2.py",
+               "v4": "version4_sdpa/tiny_llama_v4.py"}
+    runs = {}
+    for version, script in scripts.items():
+        out = tmp_path / f"{version}.json"
+        proc = run_cli([REPO / script, "--preset", "tiny", "--device", "cpu", "--data", "text",
+                        "--num-steps", "20", "--warmup-steps", "2", "--learning-rate", "3e-3",
+                        "--quiet", "--output", out])
+        assert proc.returncode == 0, proc.stderr
+        runs[version] = json.loads(out.read_text())
+    for version, r in runs.items():
+        assert r["gradient_guard"]["passed"] and r["gradient_guard"]["checked_params"] > 0, version
+    v1_losses = torch.tensor(runs["v1"]["losses"])
+    assert v1_losses[-1] < v1_losses[0] - 0.5  # it learns
+    for version in ("v2", "v4"):
+        diff = (torch.tensor(runs[version]["losses"]) - v1_losses).abs().max().item()
+        assert diff < 2e-3, f"{version} loss curve differs from V1's by {diff:.2e}"
+    assert runs["v2"]["options"] == {"fused_qkv": True, "fused_gate_up": True,
+                                     "fused_rmsnorm": True, "fused_swiglu": True}
+    assert runs["v4"]["options"]["sdpa_backend"] == "auto"
+    assert runs["v4"]["options"]["sdpa_kernel"] in ("flash (cpu)", "math")
+    assert runs["v4"]["options"]["gqa"] in ("native", "repeat")  # tiny has 4 heads, 2 kv heads
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "efficient"])
+def test_unavailable_sdpa_backend_is_one_line_exit_2(tmp_path, backend):
+    load_version("v4")
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU these backends may exist")
+    out = tmp_path / "r.json"
+    proc = run_cli([REPO / "version4_sdpa/tiny_llama_v4.py", "--preset", "tiny", "--device", "cpu",
+                    "--num-steps", "3", "--warmup-steps", "1", "--sdpa-backend", backend,
+                    "--output", out])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--sdpa-backend {backend} cannot run" in lines[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_compare_versions_runs_on_cpu(tmp_path):
+    """The benchmark script end to end on the tiny preset (eager only: seconds)."""
+    out = tmp_path / "compare.json"
+    proc = run_cli([REPO / "benchmarks/compare_versions.py", "--preset", "tiny", "--device", "cpu",
+                    "--versions", "v1,v2,v4", "--modes", "eager", "--repeats", "2",
+                    "--num-steps", "4", "--warmup-steps", "1", "--output", out])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [(r["version"], r["mode"]) for r in report["summary"]] == [
+        ("v1", "eager"), ("v2", "eager"), ("v4", "eager")]
+    assert len(report["runs"]) == 6 and all(r["exit_code"] == 0 for r in report["runs"])
+    assert report["summary"][0]["x_v1_eager"] == pytest.approx(1.0)
+    assert report["ceiling"]["matmul_tflops"] > 0
+    assert "x V1" in proc.stdout and "sdpa=" in proc.stdout
+
+
+def test_compare_versions_rejects_unknown_names():
+    proc = run_cli([REPO / "benchmarks/compare_versions.py", "--versions", "v9"])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,202 @@
+"""Version 4: V2's fused model with PyTorch's fused attention (SDPA).
+
+One method changes from V2: the attention core. V2 writes the T x T score
+matrix to memory, masks it, softmaxes it and reads it back - memory traffic
+that grows with T^2. `F.scaled_dot_product_attention(q, k, v, is_causal=True)`
+dispatches to a flash-attention-style kernel instead: scores are computed tile
+by tile in on-chip memory with an online softmax and never reach HBM, and
+backward recomputes them. Attention memory goes from O(T^2) to O(T).
+
+Which kernel runs depends on the GPU, dtype, head size and torch version:
+    flash      FlashAttention-2 (NVIDIA); AOTriton or Composable Kernel (AMD ROCm)
+    efficient  memory-efficient attention (xFormers-style; AOTriton on ROCm)
+    cudnn      NVIDIA cuDNN's fused attention
+    math       the explicit maths, like V2: the fallback that always works
+`--sdpa-backend` forces one. The results JSON records which one ran
+(options.sdpa_kernel); see probe_sdpa_kernel for how that is found out.
+
+Grouped-query attention without copies: with enable_gqa=True (torch >= 2.5)
+the kernel reads each k/v head for its whole group of query heads, where V1
+and V2 materialise repeated k/v tensors.
+
+The small preset is launch-bound (microseconds of work per kernel): add
+`--compile --compile-mode reduce-overhead` to capture forward and backward as
+CUDA/HIP graphs - one launch replays hundreds of kernels.
+
+Run:  python version4_sdpa/tiny_llama_v4.py --preset tiny
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
+import harness  # noqa: E402
+from harness import ModelConfig, UsageError  # noqa: E402
+from harness.device import device_name  # noqa: E402
+from version2_fused import tiny_llama_v2 as v2  # noqa: E402
+
+BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+            "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+# enable_gqa arrived in torch 2.5; before that we repeat k/v like V2 does.
+NATIVE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
+def allow_only(backend: str):
+    """Context in which SDPA may use only `backend` ("auto": PyTorch chooses)."""
+    if backend == "auto":
+        return contextlib.nullcontext()
+    member = getattr(SDPBackend, BACKENDS[backend], None)
+    if member is None:
+        raise UsageError(f"--sdpa-backend {backend} does not exist in torch {torch.__version__}")
+    return sdpa_kernel([member])
+
+
+def causal_sdpa(q, k, v, backend: str = "auto", gqa: str = "native"):
+    """Causal attention. q: (B, heads, T, d); k, v: (B, kv_heads, T, d)."""
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and gqa == "repeat":
+        repeats = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        grouped = False
+    with allow_only(backend):
+        if grouped:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class SDPAAttention(v2.Attention):
+    """V2's attention (one QKV GEMM, RoPE) with SDPA as its core."""
+
+    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions = v2.Fusions(),
+                 backend: str = "auto", gqa: str = "native"):
+        super().__init__(cfg, fusions)
+        self.backend, self.gqa = backend, gqa
+
+    def attend(self, q, k, v):
+        return causal_sdpa(q, k, v, self.backend, self.gqa)
+
+
+def build_model(config: ModelConfig, sdpa_backend: str = "auto", gqa: str | None = None,
+                sdpa_kernel: str | None = None, **fusion_flags) -> nn.Module:
+    """sdpa_kernel is only recorded (what the probe saw run); it changes nothing."""
+    gqa = gqa or ("native" if NATIVE_GQA else "repeat")
+
+    def attention(cfg, fusions):
+        return SDPAAttention(cfg, fusions, backend=sdpa_backend, gqa=gqa)
+
+    return v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
+
+
+# ---- which kernel runs? ------------------------------------------------------
+# SDPA is a dispatcher: it checks each fused kernel's constraints (GPU, dtype,
+# head size, strides, GQA...) and calls the first that fits, as an ATen op
+# whose name says which family it is. A TorchDispatchMode sees every ATen op
+# that runs, so running SDPA once - forward and backward, on the training
+# shapes and dtype - shows which kernel PyTorch picks. torch.compile makes the
+# same choice (it keeps SDPA as this ATen call), so this is what trains.
+KERNEL_OPS = {"_scaled_dot_product_flash_attention": "flash",
+              "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+              "_scaled_dot_product_efficient_attention": "efficient",
+              "_scaled_dot_product_cudnn_attention": "cudnn",
+              "_scaled_dot_product_fused_attention_overrideable": "fused (device-specific)"}
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
+                      backend: str = "auto", gqa: str = "native") -> str:
+    """Run causal_sdpa forward+backward once on these shapes; name the kernel that ran."""
+    def qkv_like_the_model(heads):  # (B, T, heads, d) transposed, as V2's projections give
+        return torch.randn(batch, seq_len, heads, cfg.head_dim, device=device,
+                           dtype=dtype).transpose(1, 2).requires_grad_()
+
+    q = qkv_like_the_model(cfg.num_heads)
+    k, v = qkv_like_the_model(cfg.num_kv_heads), qkv_like_the_model(cfg.num_kv_heads)
+    with _OpRecorder() as recorder:
+        causal_sdpa(q, k, v, backend, gqa).sum().backward()
+    kernel = next((KERNEL_OPS[n] for n in recorder.names if n in KERNEL_OPS), "math")
+    if getattr(torch.version, "hip", None) and kernel in ("flash", "efficient"):
+        library = "AOTriton"  # ROCm's default; Composable Kernel when preferred
+        preferred = getattr(torch.backends.cuda, "preferred_rocm_fa_library", None)
+        if preferred is not None and "ck" in str(preferred()).lower():
+            library = "CK"
+        kernel = f"{kernel} ({library})"
+    return kernel
+
+
+def choose_sdpa(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
+                backend: str) -> tuple[str, str]:
+    """(kernel that runs, gqa mode) for this run, or UsageError if `backend` cannot run."""
+    if cfg.num_kv_heads == cfg.num_heads:
+        candidates = ["n/a (MHA)"]
+    else:  # a kernel without enable_gqa support may still run on repeated k/v
+        candidates = ["native", "repeat"] if NATIVE_GQA else ["repeat"]
+    reason = "no kernel"
+    for gqa in candidates:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return probe_sdpa_kernel(cfg, batch, seq_len, device, dtype, backend, gqa), gqa
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError as e:
+            reason = _why_not(caught, e)
+    raise UsageError(f"--sdpa-backend {backend} cannot run on {device_name(device)} with torch "
+                     f"{torch.__version__} ({str(dtype).replace('torch.', '')}, head_dim "
+                     f"{cfg.head_dim}): {reason} - use --sdpa-backend auto")
+
+
+def _why_not(caught_warnings, error) -> str:
+    """PyTorch explains in warnings why it skipped each kernel; keep the informative lines."""
+    lines = [str(w.message).split("(Triggered internally")[0].strip() for w in caught_warnings]
+    lines = [s for s in lines if s and "not used because" not in s]
+    return "; ".join(lines[:2])[:240] or str(error).splitlines()[0][:240]
+
+
+# ---- command line --------------------------------------------------------------
+def add_arguments(group) -> None:
+    v2.add_fusion_arguments(group)
+    group.add_argument("--sdpa-backend", choices=("auto", *BACKENDS), default="auto",
+                       help="attention kernel: auto lets PyTorch choose; the others force one "
+                            "(an unavailable one is an error)")
+
+
+def model_options(args) -> dict:
+    """V2's fusion switches plus the SDPA backend asked for, the kernel that runs and the GQA mode."""
+    from harness import cli, device as devices, trainer
+
+    settings = cli.settings_from_args("v4", args, [])
+    device = devices.resolve_device(args.device)
+    precision = trainer.choose_precision(args.precision, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    kernel, gqa = choose_sdpa(settings.model, settings.batch_size, settings.seq_len, device,
+                              dtype, args.sdpa_backend)
+    return {**v2.fusion_options(args), "sdpa_backend": args.sdpa_backend,
+            "sdpa_kernel": kernel, "gqa": gqa}
+
+
+def main(argv=None) -> int:
+    return harness.main("v4", build_model, argv=argv, add_arguments=add_arguments,
+                        model_options=model_options, default_optimizer="fused",
+                        description="Version 4: V2's fusions with PyTorch SDPA (flash) attention.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
