@@ -1,0 +1,1 @@
+"""Version 3: V2 plus hand-written Triton kernels (RMSNorm, flash attention), forward and backward."""

@@ -1,0 +1,135 @@
+"""Version 3: V2's fused model with hand-written Triton kernels.
+
+Two operations of V2 are replaced by our own kernels (triton_kernels.py), each
+with a forward AND a backward kernel:
+
+1. RMSNorm: one read of x and one write of y per element, the row statistic
+   kept for the backward. Under autocast the kernel writes bf16/fp16 directly -
+   the dtype the next matrix product would cast to anyway - which saves a cast
+   kernel and half the bytes of each norm's output.
+2. Attention: flash attention. V2 writes the T x T score matrix to memory,
+   masks it, softmaxes it and reads it back; the kernel computes scores tile by
+   tile in on-chip memory with an online softmax, skips the tiles above the
+   causal diagonal, reads each k/v head once for its whole GQA group, and
+   recomputes the scores in the backward instead of storing them.
+
+The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
+lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
+
+Switches (--no-triton-rmsnorm, --no-triton-attention, and V2's fusion flags)
+measure each piece alone. Block sizes of the kernels can be forced for an
+exercise, e.g. V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the
+top of triton_kernels.py; the results JSON records any forced configuration.
+
+Without a GPU the kernels run in Triton's CPU interpreter (slow, tiny preset).
+
+Run:  python version3_triton/tiny_llama_v3.py --preset tiny
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
+import harness  # noqa: E402
+from harness import ModelConfig, UsageError  # noqa: E402
+from harness.device import resolve_device  # noqa: E402
+from version2_fused import tiny_llama_v2 as v2  # noqa: E402
+
+if not torch.cuda.is_available():  # must happen before triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+try:
+    from version3_triton import triton_kernels as tk  # noqa: E402
+    TRITON_MISSING = None
+except ImportError as e:  # no triton: V3 cannot run, everything else still imports
+    tk, TRITON_MISSING = None, e
+
+
+def require_triton() -> None:
+    if tk is None:
+        raise UsageError(f"version 3 needs Triton ({TRITON_MISSING}); install the triton that "
+                         f"matches your torch (pip install triton, or pytorch-triton-rocm)")
+
+
+class TritonRMSNorm(v2.PlainRMSNorm):
+    """V1's RMSNorm (same `weight` parameter) computed by the Triton kernels."""
+
+    def forward(self, x):
+        device = x.device.type
+        # Under autocast, write the dtype the next matmul casts to anyway.
+        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return tk.rms_norm(x, self.weight, self.eps, out_dtype)
+
+
+class TritonAttention(v2.Attention):
+    """V2's attention (one QKV GEMM, RoPE) with the Triton flash-attention kernel as its core."""
+
+    def attend(self, q, k, v):
+        return tk.flash_attention(q, k, v)
+
+
+def use_triton_norms(model: nn.Module) -> None:
+    """Swap every V2 RMSNorm for the Triton one (same parameter name, so V1 weights load)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, v2.RMSNorm):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, TritonRMSNorm(module.weight.numel(), module.eps))
+
+
+def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
+                kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
+    """kernel_configs is only recorded (forced launch configurations); it changes nothing."""
+    if triton_rmsnorm or triton_attention:
+        require_triton()
+    attention = TritonAttention if triton_attention else v2.Attention
+    model = v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
+    if triton_rmsnorm:
+        use_triton_norms(model)
+    return model
+
+
+# ---- command line --------------------------------------------------------------
+def add_arguments(group) -> None:
+    v2.add_fusion_arguments(group)
+    for name, what in (("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels"),
+                       ("triton_attention", "flash attention forward/backward as Triton kernels")):
+        flag = name.replace("_", "-")
+        group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
+                           help=f"{what}; --no-{flag} falls back to V2's version")
+
+
+def model_options(args) -> dict:
+    """V2's fusion switches, V3's kernel switches and any forced kernel launch configs."""
+    forced = {}
+    if args.triton_rmsnorm or args.triton_attention:
+        require_triton()
+        on_cpu = resolve_device(args.device).type == "cpu"
+        if on_cpu and not tk.INTERPRET:
+            raise UsageError("the Triton kernels need a GPU; for --device cpu set "
+                             "TRITON_INTERPRET=1 (Triton's slow CPU interpreter)")
+        if on_cpu and args.precision == "bf16" and args.triton_attention:
+            raise UsageError("Triton's CPU interpreter cannot run bf16 attention "
+                             "(use --precision fp32 on the CPU)")
+        try:
+            forced = {name: tk.forced_config(name) for name in tk.KERNEL_CONFIGS}
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
+            "triton_attention": args.triton_attention,
+            "kernel_configs": {k: v for k, v in forced.items() if v is not None}}
+
+
+def main(argv=None) -> int:
+    return harness.main("v3", build_model, argv=argv, add_arguments=add_arguments,
+                        model_options=model_options, default_optimizer="fused",
+                        description="Version 3: V2 with Triton RMSNorm and flash-attention "
+                                    "kernels (forward and backward).")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

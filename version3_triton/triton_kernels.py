@@ -1,0 +1,914 @@
+"""Hand-written Triton kernels for version 3: RMSNorm and flash attention,
+forward AND backward, for AMD (ROCm) and NVIDIA (CUDA) GPUs.
+
+Read it in this order:
+  1. Launch configurations - how block sizes, warps and pipeline stages are
+     chosen per vendor, and how to force your own (the exercise knob).
+  2. RMSNorm - a memory-bound row reduction: one read, one write, maths in fp32.
+  3. Flash attention - tiling plus the "online softmax", so the (T x T) score
+     matrix never exists in memory; the backward recomputes it tile by tile.
+  4. The PyTorch side - autograd.Functions whose forward/backward call the
+     kernels through `torch.library.custom_op`, so torch.compile and
+     FlopCounterMode see one named operator instead of an opaque Python call.
+
+Why fp32 accumulation everywhere: bf16 keeps 8 bits of mantissa, so a sum of
+1024 squares (RMSNorm) or a softmax denominator over 2048 keys loses the small
+terms entirely. Tiles are *loaded* in the input precision (that is where the
+memory traffic is) and every sum, max and exp is done in fp32 registers.
+
+Changing the launch configuration (exercise): without a forced configuration,
+each kernel is autotuned over a few candidates per vendor (see the *_CONFIGS
+tables) once per sequence length / head size / dtype. To pin one, either set
+an environment variable before the run, e.g.
+
+    V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4,num_stages=2" \\
+        python version3_triton/tiny_llama_v3.py --preset medium
+
+or, from Python, `triton_kernels.FORCED_CONFIGS["attn_fwd"] = dict(BLOCK_M=64, ...)`.
+Kernel names: rmsnorm_fwd, rmsnorm_bwd, attn_fwd, attn_bwd_dkdv, attn_bwd_dq.
+`chosen_configs()` tells which configuration each kernel ran with last.
+
+On a machine without a GPU set TRITON_INTERPRET=1 *before* importing triton:
+the kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# =============================================================================
+# 1. Launch configurations
+# =============================================================================
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+AMD_LDS_BYTES = 64 * 1024  # shared memory ("LDS") per workgroup on MI200/MI300
+MAX_HEAD_DIM = 128
+MAX_NORM_COLS = 65536  # one row must fit in one program's registers
+MAX_NORM_TILE = 16384  # elements per multi-row RMSNorm tile (BLOCK_ROWS x BLOCK_COLS)
+NORM_SCRATCH_BYTES = 16 * 1024
+
+
+def backend() -> str:
+    """'interpreter', 'hip' (AMD ROCm) or 'cuda' (NVIDIA): picks the config table."""
+    if INTERPRET:
+        return "interpreter"
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+# Each kernel has a few candidate configurations per backend; the autotuner
+# times them on the first call with a new key (sequence length, head size,
+# dtypes) and keeps the fastest. Notes on the choices:
+# - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
+#   memory while the tensor cores work on the current ones (H100 has 227 KiB).
+#   The backward holds two fp32 accumulators (dK, dV) per program, so its
+#   configs use 8 warps: with 4, the registers run out and spill to memory.
+# - AMD: an AMD "warp" is a 64-lane wavefront, so num_warps=4 is 256 threads.
+#   LDS is only 64 KiB per workgroup, so tiles are smaller and num_stages is
+#   1-2. `waves_per_eu` asks the compiler to keep registers low enough for that
+#   many wavefronts per SIMD (occupancy); `matrix_instr_nonkdim=16` picks the
+#   16x16 MFMA instructions. Both keywords exist only in the AMD backend:
+#   passing them to the NVIDIA compiler is an error, so they appear only here.
+# - interpreter: one small configuration (no timing on a CPU), small enough that
+#   tiny test shapes still span several blocks and hit every ragged edge.
+# Flash attention needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and
+# BLOCK_N % BLOCK_M == 0 (dK/dV): the diagonal block is cut into whole tiles.
+ATTN_FWD_CONFIGS = {
+    "cuda": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+             dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+             dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+             dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)],
+    "hip": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=3,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+}
+ATTN_BWD_DKDV_CONFIGS = {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
+    "cuda": [dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
+             dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=3),
+             dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+             dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=3),
+             dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)],
+    "hip": [dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=1,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+}
+ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per step
+    "cuda": [dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4),
+             dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
+             dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+             dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)],
+    "hip": [dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2,
+                 matrix_instr_nonkdim=16),
+            dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+}
+# RMSNorm: BLOCK_ROWS rows per tile; a row is BLOCK_COLS = next_power_of_2(hidden).
+# Several short rows per program keep enough bytes in flight; wide rows (8k+)
+# need more warps so each thread's share of the row fits in registers.
+_NORM = [dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
+         for rows, warps in ((1, 4), (2, 4), (4, 8), (8, 8), (1, 16), (4, 16))]
+RMSNORM_FWD_CONFIGS = {"cuda": _NORM, "hip": _NORM,
+                       "interpreter": [dict(BLOCK_ROWS=2, num_warps=4, num_stages=1)]}
+RMSNORM_BWD_CONFIGS = RMSNORM_FWD_CONFIGS
+
+KERNEL_CONFIGS = {"rmsnorm_fwd": RMSNORM_FWD_CONFIGS, "rmsnorm_bwd": RMSNORM_BWD_CONFIGS,
+                  "attn_fwd": ATTN_FWD_CONFIGS, "attn_bwd_dkdv": ATTN_BWD_DKDV_CONFIGS,
+                  "attn_bwd_dq": ATTN_BWD_DQ_CONFIGS}
+FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over autotuning
+POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
+
+
+def shared_memory_estimate(kernel: str, config: dict, width: int, elem_bytes: int) -> int:
+    """Upper estimate of the shared memory (LDS on AMD) one program needs, in bytes.
+
+    width: head_dim for attention, hidden size for RMSNorm. Tiles that feed
+    tl.dot are staged in shared memory; with num_stages > 1 the compiler keeps
+    that many copies of the streamed tiles so the next ones load while the
+    current ones compute (software pipelining). Counted: resident tiles +
+    streamed tiles x stages (+ the P / dS tile the backward converts into a
+    dot operand). Checked against the compiler's own numbers for every config
+    below (Triton 3.9, sm_90 and gfx942/gfx90a): never lower, up to ~3x higher
+    on AMD, which keeps AMD configs safely inside 64 KiB.
+    """
+    stages = max(1, config.get("num_stages", 1))
+    m, n = config.get("BLOCK_M", 0), config.get("BLOCK_N", 0)
+    d = max(16, triton.next_power_of_2(width))
+    if kernel == "attn_fwd":         # Q resident; K, V streamed
+        tiles = m * d + stages * 2 * n * d
+    elif kernel == "attn_bwd_dkdv":  # K, V resident; Q, dO streamed; P^T / dS^T
+        tiles = 2 * n * d + stages * 2 * m * d + m * n
+    elif kernel == "attn_bwd_dq":    # Q, dO resident; K, V streamed; dS
+        tiles = 2 * m * d + stages * 2 * n * d + m * n
+    else:  # RMSNorm stages no tiles: rows stay in registers and only the row/column
+        # sums swap partial results through a scratch area (<= 8 KiB measured for
+        # every config and hidden size up to 64k, both vendors), counted as 16 KiB.
+        return NORM_SCRATCH_BYTES
+    return tiles * elem_bytes
+
+
+def _shared_memory_limit() -> int:
+    if backend() == "hip":
+        return AMD_LDS_BYTES
+    if backend() == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return getattr(props, "shared_memory_per_block_optin", 99 * 1024)
+    return 1 << 30  # the interpreter has no limit
+
+
+def _hip_has_mfma() -> bool:
+    """MI100 and newer (gfx908/90a/94x/95x) have matrix cores; MI50 (gfx906) does not."""
+    if not torch.cuda.is_available():
+        return False
+    arch = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")
+    return arch.startswith(("gfx908", "gfx90a", "gfx94", "gfx95"))
+
+
+def _triton_config(config: dict) -> triton.Config:
+    kwargs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
+    if "matrix_instr_nonkdim" in kwargs and not _hip_has_mfma():
+        del kwargs["matrix_instr_nonkdim"]
+    return triton.Config(kwargs, num_warps=config["num_warps"], num_stages=config["num_stages"])
+
+
+def fitting_configs(kernel: str, configs: list[dict], width: int, elem_bytes: int,
+                    limit: int) -> list[dict]:
+    """The candidates the autotuner may try: attention configs whose shared memory
+    fits `limit` (the smallest one if none does); RMSNorm tiles of several rows
+    only while the rows are short (MAX_NORM_TILE)."""
+    if kernel.startswith("rmsnorm"):
+        cols = triton.next_power_of_2(width)
+        return [c for c in configs if c["BLOCK_ROWS"] == 1 or c["BLOCK_ROWS"] * cols <= MAX_NORM_TILE]
+    need = [shared_memory_estimate(kernel, c, width, elem_bytes) for c in configs]
+    fitting = [c for c, n in zip(configs, need) if n <= limit]
+    return fitting or [configs[need.index(min(need))]]
+
+
+def _prune_to_fit(kernel: str):
+    """The autotuner's early_config_prune hook, built on fitting_configs."""
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        if kernel.startswith("rmsnorm"):
+            width, elem = args["n_cols"], 4
+        else:
+            width, elem = args["HEAD_DIM"], args["Q"].element_size()
+        keep = fitting_configs(kernel, [c.all_kwargs() for c in configs], width, elem,
+                               _shared_memory_limit())
+        return [c for c in configs if c.all_kwargs() in keep]
+    return prune
+
+
+def _parse_config(text: str) -> dict:
+    """'BLOCK_M=64,BLOCK_N=32,num_warps=4' -> {'BLOCK_M': 64, ...}"""
+    config = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"bad launch config item {item!r} in {text!r} (want NAME=INT)")
+        config[key.strip()] = int(value)
+    return config
+
+
+def forced_config(kernel: str) -> dict | None:
+    """The configuration the user pinned for `kernel` (FORCED_CONFIGS or env), else None."""
+    if kernel in FORCED_CONFIGS:
+        return dict(FORCED_CONFIGS[kernel])
+    text = os.environ.get(f"V3_{kernel.upper()}_CONFIG")
+    return _parse_config(text) if text else None
+
+
+def _check_forced(kernel: str, config: dict, width: int, elem_bytes: int) -> dict:
+    m, n = config.get("BLOCK_M"), config.get("BLOCK_N")
+    if kernel in ("attn_fwd", "attn_bwd_dq") and (not m or not n or m % n):
+        raise ValueError(f"{kernel}: BLOCK_M ({m}) must be a multiple of BLOCK_N ({n})")
+    if kernel == "attn_bwd_dkdv" and (not m or not n or n % m):
+        raise ValueError(f"{kernel}: BLOCK_N ({n}) must be a multiple of BLOCK_M ({m})")
+    if kernel.startswith("rmsnorm") and "BLOCK_ROWS" not in config:
+        raise ValueError(f"{kernel}: the config needs BLOCK_ROWS")
+    need = shared_memory_estimate(kernel, config, width, elem_bytes)
+    if backend() == "hip" and need > AMD_LDS_BYTES:
+        raise ValueError(f"{kernel}: config {config} needs ~{need // 1024} KiB of LDS, above the "
+                         f"{AMD_LDS_BYTES // 1024} KiB an AMD GPU has per workgroup")
+    config.setdefault("num_warps", 4)
+    config.setdefault("num_stages", 1 if backend() == "hip" else 2)
+    if backend() != "hip":  # AMD-only compiler options would be rejected elsewhere
+        config.pop("waves_per_eu", None)
+        config.pop("matrix_instr_nonkdim", None)
+    return config
+
+
+_LAST_CONFIG: dict[str, str] = {}
+
+
+def _describe(config: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None and k != "num_ctas")
+
+
+def chosen_configs() -> dict[str, str]:
+    """Kernel name -> the configuration it last ran with (autotuned or forced)."""
+    for name, tuned in _AUTOTUNED.items():
+        best = getattr(tuned, "best_config", None)
+        if best is not None and _LAST_CONFIG.get(name, "autotuned") == "autotuned":
+            _LAST_CONFIG[name] = "autotuned: " + _describe(best.all_kwargs())
+    return dict(_LAST_CONFIG)
+
+
+def _launch(kernel: str, grid, *args, width: int = 0, elem_bytes: int = 2, **meta):
+    """Run `kernel` with the forced configuration if there is one, else autotuned."""
+    config = forced_config(kernel)
+    if config is None:
+        _LAST_CONFIG[kernel] = "autotuned"
+        _AUTOTUNED[kernel][grid](*args, **meta)
+    else:
+        config = _check_forced(kernel, config, width, elem_bytes)
+        _LAST_CONFIG[kernel] = "forced: " + _describe(config)
+        _KERNELS[kernel][grid](*args, **meta, **config)
+
+
+# =============================================================================
+# 2. RMSNorm:  y = x / sqrt(mean(x^2) + eps) * w
+# =============================================================================
+# Memory-bound: per element one read and one write, a handful of FLOPs. The
+# kernel's only job is to touch HBM once. A program owns BLOCK_ROWS whole rows,
+# so the row sum is a register reduction - no second pass, no atomics.
+@triton.jit
+def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_COLS)[None, :]  # (1, BLOCK_COLS): the same 2D layout as x
+    # Masks cover the ragged edges: hidden sizes that are not a power of two
+    # and a last tile with fewer than BLOCK_ROWS rows.
+    mask = (rows[:, None] < n_rows) & (cols < n_cols)
+    x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # fp32: see module docstring
+    y = x * rstd[:, None] * w
+    tl.store(Y + rows[:, None] * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    # Saving 4 bytes per row lets the backward skip recomputing the reduction.
+    tl.store(RSTD + rows, rstd, mask=rows < n_rows)
+
+
+# Backward, with x_hat = x * rstd and g = dy * w:
+#   dx = rstd * (g - x_hat * mean(g * x_hat))      (per row)
+#   dw = sum over rows of dy * x_hat                (per column)
+# dx is per row, like the forward. dw sums over *all* rows, which many programs
+# share: each program accumulates the rows it owns into a private fp32 partial
+# sum and writes it out; a tiny reduction over programs finishes the job. That
+# is deterministic, unlike atomically adding into one shared dw. The partial
+# sum is kept as a whole tile and summed over its rows only once at the end:
+# element-wise adds in the loop, no cross-thread reduction per step.
+@triton.jit
+def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, rows_per_program,
+                        stride_dy, stride_x, stride_dx,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_COLS)[None, :]
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_ROWS, BLOCK_COLS), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for first in range(row_start, row_end, BLOCK_ROWS):
+        rows = first + tl.arange(0, BLOCK_ROWS)
+        mask = (rows[:, None] < row_end) & (cols < n_cols)
+        x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=rows < row_end, other=0.0)
+        x_hat = x * rstd[:, None]
+        g = dy * w
+        mean_gx = tl.sum(g * x_hat, axis=1) / n_cols
+        dx = (g - x_hat * mean_gx[:, None]) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * x_hat  # rows past the end loaded as zeros and add nothing
+    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw, axis=0)[None, :], mask=cols < n_cols)
+
+
+def _empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Every output buffer comes from here (see POISON_OUTPUTS)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+
+
+def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    rows = t.reshape(-1, n_cols)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError("Triton kernels need a GPU tensor; on a CPU-only machine set "
+                           "TRITON_INTERPRET=1 before importing triton (slow interpreter)")
+
+
+def _norm_block_cols(n_cols: int) -> int:
+    if n_cols > MAX_NORM_COLS:
+        raise ValueError(f"rms_norm: hidden size {n_cols} is above {MAX_NORM_COLS}, the most one "
+                         f"program keeps in registers in this teaching kernel")
+    return triton.next_power_of_2(n_cols)
+
+
+def _rmsnorm_outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
+    """Allocate y and rstd (shared by the real op and its fake for torch.compile)."""
+    dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
+    return _empty(x.shape, dtype, x.device), _empty(x.shape[:-1], torch.float32, x.device)
+
+
+def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
+    the dtype PyTorch's `x * weight` would have (same as version 1)."""
+    _check_device(x)
+    n_cols = x.shape[-1]
+    block_cols = _norm_block_cols(n_cols)
+    x2 = _as_rows(x, n_cols)
+    y, rstd = _rmsnorm_outputs(x, weight, out_dtype)
+    n_rows = x2.shape[0]
+    if n_rows == 0:
+        return y, rstd
+    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_ROWS"]),)  # noqa: E731
+    _launch("rmsnorm_fwd", grid, x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
+            width=n_cols, BLOCK_COLS=block_cols)
+    return y, rstd
+
+
+def _rmsnorm_bwd_programs(n_rows: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU a few times over; each writes one dw partial."""
+    if device.type == "cpu":
+        return max(1, min(n_rows, 3))
+    return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+
+
+def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward kernel. Returns (grad_x, grad_weight)."""
+    n_cols = x.shape[-1]
+    block_cols = _norm_block_cols(n_cols)
+    x2, dy2 = _as_rows(x, n_cols), _as_rows(grad_y, n_cols)
+    n_rows = x2.shape[0]
+    dx = _empty((n_rows, n_cols), x.dtype, x.device)
+    programs = _rmsnorm_bwd_programs(n_rows, x.device)
+    partial = _empty((programs, n_cols), torch.float32, x.device)
+    if n_rows:
+        _launch("rmsnorm_bwd", (programs,), dy2, x2, weight, rstd, dx, partial, n_rows, n_cols,
+                triton.cdiv(n_rows, programs), dy2.stride(0), x2.stride(0), n_cols,
+                width=n_cols, BLOCK_COLS=block_cols)
+    dw = partial.sum(dim=0) if n_rows else torch.zeros(n_cols, device=x.device)
+    return dx.view(x.shape), dw.to(weight.dtype)
+
+
+# =============================================================================
+# 3. Flash attention (causal), forward and backward
+# =============================================================================
+# Standard attention materialises S = Q K^T (T x T per head), softmaxes it and
+# multiplies by V: O(T^2) memory traffic. Flash attention tiles Q into blocks of
+# BLOCK_M rows and streams K and V past them in blocks of BLOCK_N rows. For each
+# (query block, key block) pair the scores are computed in registers, folded
+# into running softmax statistics, and thrown away.
+#
+# Online softmax: for a row with scores s_1..s_n, softmax needs the max m and
+# the sum l = sum exp(s_j - m). Seeing keys block by block, keep a running
+# (m, l, acc = sum exp(s_j - m) v_j). When a new block raises the max to m',
+# the old terms were scaled by exp(-m) and must be scaled by exp(-m'):
+# multiply l and acc by alpha = exp(m - m'). At the end O = acc / l.
+# We also store LSE = m + log(l) per row: it is all the backward needs to
+# rebuild P = exp(S - LSE) exactly, without storing P (T x T) in the forward.
+#
+# Implementation notes:
+# - exp2 instead of exp: exp(x) = exp2(x * log2(e)). The scale 1/sqrt(D) and
+#   log2(e) are folded into one multiplier, and LSE is kept in base-2 units.
+# - Causal block skipping: query block i only needs key blocks 0..i. Blocks
+#   strictly left of the diagonal need no mask at all; only the diagonal block
+#   pays for the `row >= col` comparison. Hence two stages per kernel.
+# - GQA: query head h reads key/value head h // GROUP_SIZE directly; the
+#   repeated K/V of version 1 are never built.
+# - Head sizes that are not a power of two (e.g. 96) are padded to BLOCK_D in
+#   registers; the padded columns load as zeros and are never stored.
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load a 2D tile, masking only the dimensions that can run out of bounds.
+    Both flags are compile-time constants: in-bounds tiles get no mask at all."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, value, rows, n_rows, cols, n_cols, CHECK_COLS: tl.constexpr):
+    if CHECK_COLS:
+        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    else:
+        tl.store(ptrs, value, mask=rows[:, None] < n_rows)
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
+                    lo, hi, qk_scale, N_CTX,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold key/value blocks [lo, hi) into the running softmax of one query block."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        # Off-diagonal key blocks lie entirely before this query block, so they
+        # are in bounds; only the diagonal block can reach past the sequence end.
+        k = _load_tile(k_base + cols[:, None] * stride_kt + offs_d[None, :], cols, N_CTX,
+                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if ON_DIAGONAL:  # causal mask; it also hides keys past the sequence end
+            qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_base + cols[:, None] * stride_vt + offs_d[None, :], cols, N_CTX,
+                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        # P goes back to the input precision for the tensor cores; acc stays fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, LSE,
+                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                     num_heads, N_CTX, qk_scale,
+                     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Causal: the last query blocks see the most keys. Handing out the
+    # blocks last-first starts the long programs early and shortens the tail.
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = pid_bh % num_heads
+    kv_h = h // GROUP_SIZE
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = Q + b * stride_qb + h * stride_qh
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+
+    q = _load_tile(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], offs_m, N_CTX,
+                   offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = start_m * BLOCK_M
+    # Stage 1: key blocks left of the diagonal - no masks.
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+                                    offs_m, offs_d, 0, diag, qk_scale, N_CTX,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    # Stage 2: the diagonal block, causal mask on. Every row keeps at least key
+    # `diag` (<= its own index), so no row is all -inf and nothing becomes NaN.
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+                                    offs_m, offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX),
+                                    qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+    o = acc / l_i[:, None]
+    o_base = O + b * stride_ob + h * stride_oh
+    _store_tile(o_base + offs_m[:, None] * stride_ot + offs_d[None, :], o.to(O.dtype.element_ty),
+                offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
+
+
+# Backward. With S = scale * Q K^T, P = softmax(S), O = P V and dO given:
+#   dV = P^T dO        dP = dO V^T        dS = P * (dP - delta)
+#   dQ = scale * dS K  dK = scale * dS^T Q
+# where delta_i = sum_j P_ij dP_ij = sum_d O_id dO_id (one number per row,
+# computed first by a small "preprocess" kernel). P is *recomputed* from Q, K
+# and the saved LSE: recomputing costs FLOPs, storing it would cost T^2 memory.
+# Two kernels share the work without atomics: one program per key block
+# accumulates dK, dV over every query block (and every query head of its GQA
+# group); one program per query block accumulates dQ over every key block.
+@triton.jit
+def _attn_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot,
+                                stride_dob, stride_doh, stride_dot, num_heads, N_CTX,
+                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = pid_bh % num_heads
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
+                   offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
+                    offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
+                         offs_n, offs_d, lo, hi, qk_scale, N_CTX,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add the contribution of query blocks [lo, hi) to one key block's dK, dV.
+
+    Works on transposed tiles (keys along rows) so dK and dV come out as rows.
+    Query rows past the sequence end load as zeros (dO = 0, delta = 0, LSE = 0),
+    which makes their P^T dO and dS^T exactly zero: no extra mask is needed.
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_tile(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], offs_m, N_CTX,
+                       offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+        do = _load_tile(do_base + offs_m[:, None] * stride_dot + offs_d[None, :], offs_m, N_CTX,
+                        offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+        lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX, other=0.0)
+        # Recompute P^T for this tile from the saved log-sum-exp.
+        p_t = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse[None, :])
+        if ON_DIAGONAL:
+            p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
+                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                          stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                          stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+                          num_kv_heads, N_CTX, sm_scale, qk_scale,
+                          GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    start_n = tl.program_id(0)  # low key blocks see the most queries and run first
+    pid_bkv = tl.program_id(1)
+    b = (pid_bkv // num_kv_heads).to(tl.int64)
+    kv_h = pid_bkv % num_kv_heads
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    # This key/value block stays in registers while every query block streams past.
+    k = _load_tile(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
+                   offs_n, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    v = _load_tile(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
+                   offs_n, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    diag = start_n * BLOCK_N
+    num_heads = num_kv_heads * GROUP_SIZE
+    for g in range(GROUP_SIZE):  # GQA: every query head that shares this K/V head
+        h = kv_h * GROUP_SIZE + g
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        row0 = (b * num_heads + h) * N_CTX
+        # Causal: only queries at or after this key block attend to it.
+        # Stage 1: the diagonal block (mask on). Stage 2: everything below it.
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
+                                      stride_qt, stride_dot, offs_n, offs_d,
+                                      diag, tl.minimum(diag + BLOCK_N, N_CTX), qk_scale, N_CTX,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, True, DOT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
+                                      stride_qt, stride_dot, offs_n, offs_d,
+                                      diag + BLOCK_N, N_CTX, qk_scale, N_CTX,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, False, DOT_PRECISION)
+    dk *= sm_scale  # the chain rule through S = scale * Q K^T
+    _store_tile(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
+                dk.to(DK.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    _store_tile(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
+                dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
+                       lo, hi, qk_scale, N_CTX,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add the contribution of key blocks [lo, hi) to one query block's dQ."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base + cols[:, None] * stride_kt + offs_d[None, :], cols, N_CTX,
+                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        v = _load_tile(v_base + cols[:, None] * stride_vt + offs_d[None, :], cols, N_CTX,
+                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse[:, None])
+        if ON_DIAGONAL:
+            p = tl.where(offs_m[:, None] >= cols[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
+                        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                        stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                        stride_dqb, stride_dqh, stride_dqt,
+                        num_heads, N_CTX, sm_scale, qk_scale,
+                        GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first, as in the forward
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = pid_bh % num_heads
+    kv_h = h // GROUP_SIZE
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
+                   offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
+                    offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
+    delta = tl.load(DELTA + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = start_m * BLOCK_M
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
+                            offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
+                            offs_d, 0, diag, qk_scale, N_CTX,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    dq *= sm_scale
+    _store_tile(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
+                dq.to(DQ.dtype.element_ty), offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+
+
+_LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too."""
+    if dtype == torch.float32 and backend() == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _check_attention_inputs(q, k, v) -> None:
+    _check_device(q)
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"flash_attention wants q (B, H, T, D), k and v (B, H_kv, T, D); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} are not a multiple of kv heads {k.shape[1]}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q.shape[-1]} is not supported (1..{MAX_HEAD_DIM})")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if INTERPRET and q.dtype == torch.bfloat16:
+        raise ValueError("Triton's CPU interpreter computes bf16 tl.dot wrongly: "
+                         "use fp32 or fp16 on the CPU")
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _attention_outputs(q: torch.Tensor):
+    """O is laid out (B, T, H, D) in memory and returned as a (B, H, T, D) view,
+    so the model's `o.transpose(1, 2).reshape(B, T, H * D)` is free (no copy).
+    Shared by the real op and its fake, so both report the same strides."""
+    B, H, T, D = q.shape
+    o = _empty((B, T, H, D), q.dtype, q.device).transpose(1, 2)
+    return o, _empty((B, H, T), torch.float32, q.device)
+
+
+def _attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    return tuple(_empty(t.shape, t.dtype, t.device) for t in (q, k, v))
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _head_meta(q, k) -> dict:
+    D = q.shape[-1]
+    return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
+                BLOCK_D=max(16, triton.next_power_of_2(D)), DOT_PRECISION=_dot_precision(q.dtype))
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal flash attention forward. Returns (o, lse); lse is in log2 units."""
+    _check_attention_inputs(q, k, v)
+    q, k, v = map(_last_dim_contiguous, (q, k, v))
+    B, H, T, D = q.shape
+    o, lse = _attention_outputs(q)
+    if o.numel() == 0:
+        return o, lse
+    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)  # noqa: E731
+    _launch("attn_fwd", grid, q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(o), H, T, sm_scale * _LOG2_E, width=D, elem_bytes=q.element_size(),
+            **_head_meta(q, k))
+    return o, lse
+
+
+def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor,
+                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal flash attention backward. Returns (dq, dk, dv)."""
+    grad_o, q, k, v = map(_last_dim_contiguous, (grad_o, q, k, v))
+    B, H, T, D = q.shape
+    H_kv = k.shape[1]
+    dq, dk, dv = _attention_grads(q, k, v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    meta = _head_meta(q, k)
+    size = dict(width=D, elem_bytes=q.element_size())
+    delta = _empty(lse.shape, torch.float32, lse.device)
+    rows = 16 if INTERPRET else 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(T, rows), B * H)](
+        o, grad_o, delta, *_strides(o), *_strides(grad_o), H, T,
+        HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=rows)
+    _launch("attn_bwd_dkdv", lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H_kv),
+            q, k, v, grad_o, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(grad_o), *_strides(dk), *_strides(dv), H_kv, T, sm_scale,
+            sm_scale * _LOG2_E, **size, **meta)
+    _launch("attn_bwd_dq", lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H),
+            q, k, v, grad_o, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(grad_o), *_strides(dq), H, T, sm_scale, sm_scale * _LOG2_E, **size, **meta)
+    return dq, dk, dv
+
+
+# The raw kernels (used with a forced config) and their autotuned twins.
+_KERNELS = {"rmsnorm_fwd": _rmsnorm_fwd_kernel, "rmsnorm_bwd": _rmsnorm_bwd_kernel,
+            "attn_fwd": _attn_fwd_kernel, "attn_bwd_dkdv": _attn_bwd_dkdv_kernel,
+            "attn_bwd_dq": _attn_bwd_dq_kernel}
+_TUNING_KEYS = {"rmsnorm_fwd": ["n_cols"], "rmsnorm_bwd": ["n_cols"],
+                "attn_fwd": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"],
+                "attn_bwd_dkdv": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"],
+                "attn_bwd_dq": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"]}
+_AUTOTUNED = {
+    name: triton.autotune(configs=[_triton_config(c) for c in KERNEL_CONFIGS[name][backend()]],
+                          key=_TUNING_KEYS[name],
+                          prune_configs_by={"early_config_prune": _prune_to_fit(name)})(kernel)
+    for name, kernel in _KERNELS.items()}
+
+
+# =============================================================================
+# 4. The PyTorch side: custom operators + autograd
+# =============================================================================
+# torch.library.custom_op turns each launcher into a named operator
+# (torch.ops.tinyllama_v3.*). torch.compile then treats it as one opaque node
+# (using the "fake" function to learn output shapes without running it), and
+# FlopCounterMode can count it with the formula registered below. On torch
+# older than 2.4 the plain Python launchers are used instead.
+_HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+
+def _register_ops():
+    lib = "tinyllama_v3"
+    if hasattr(torch.ops, lib) and hasattr(getattr(torch.ops, lib), "attention_forward"):
+        return getattr(torch.ops, lib)  # already registered (module imported twice)
+
+    def define(name, fn, fake):
+        op = torch.library.custom_op(f"{lib}::{name}", mutates_args=())(fn)
+        op.register_fake(fake)
+
+    define("rmsnorm_forward", rmsnorm_forward,
+           lambda x, weight, eps, out_dtype=None: _rmsnorm_outputs(x, weight, out_dtype))
+    define("rmsnorm_backward", rmsnorm_backward,
+           lambda grad_y, x, weight, rstd: (_empty(x.shape, x.dtype, x.device),
+                                            _empty(weight.shape, weight.dtype, weight.device)))
+    define("attention_forward", attention_forward,
+           lambda q, k, v, sm_scale: _attention_outputs(q))
+    define("attention_backward", attention_backward,
+           lambda grad_o, q, k, v, o, lse, sm_scale: _attention_grads(q, k, v))
+    ops = getattr(torch.ops, lib)
+    _register_flop_formulas(ops)
+    return ops
+
+
+def _register_flop_formulas(ops) -> None:
+    """Count attention like PyTorch counts SDPA (4*B*H*Tq*Tk*D forward, no causal
+    discount, backward 2.5x), so V3 and V4 report the same FLOPs."""
+    try:
+        from torch.utils.flop_counter import register_flop_formula
+    except ImportError:
+        return
+
+    def forward_flops(q_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+        b, h, t_q, d = q_shape
+        return 4 * b * h * t_q * k_shape[2] * d
+
+    def backward_flops(grad_shape, q_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+        return int(2.5 * forward_flops(q_shape, k_shape))
+
+    register_flop_formula(ops.attention_forward)(forward_flops)
+    register_flop_formula(ops.attention_backward)(backward_flops)
+
+
+if _HAS_CUSTOM_OP:
+    _ops = _register_ops()
+    _rmsnorm_fwd, _rmsnorm_bwd = _ops.rmsnorm_forward, _ops.rmsnorm_backward
+    _attention_fwd, _attention_bwd = _ops.attention_forward, _ops.attention_backward
+else:
+    _rmsnorm_fwd, _rmsnorm_bwd = rmsnorm_forward, rmsnorm_backward
+    _attention_fwd, _attention_bwd = attention_forward, attention_backward
+
+
+class TritonRMSNorm(torch.autograd.Function):
+    """y = rms_norm(x) * weight, with the Triton forward and backward kernels."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, out_dtype=None):
+        y, rstd = _rmsnorm_fwd(x, weight, eps, out_dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _rmsnorm_bwd(grad_y, x, weight, rstd)
+        return dx, dw, None, None
+
+
+class FlashAttention(torch.autograd.Function):
+    """Causal softmax(Q K^T * scale) V with the Triton kernels; saves only O and LSE."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sm_scale):
+        o, lse = _attention_fwd(q, k, v, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.sm_scale = sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _attention_bwd(grad_o, q, k, v, o, lse, ctx.sm_scale)
+        return dq, dk, dv, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm over the last dimension (Triton forward + backward)."""
+    return TritonRMSNorm.apply(x, weight, eps, out_dtype)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    sm_scale: float | None = None) -> torch.Tensor:
+    """Causal attention. q: (B, H, T, D); k, v: (B, H_kv, T, D), H % H_kv == 0.
+
+    Same result as F.scaled_dot_product_attention(q, k, v, is_causal=True,
+    enable_gqa=True). The output is a (B, H, T, D) view of (B, T, H, D) memory.
+    """
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return FlashAttention.apply(q, k, v, scale)
