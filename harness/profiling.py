@@ -1,0 +1,350 @@
+"""Profile a few training steps from inside the loop: `--profile KIND`.
+
+    pytorch      torch.profiler on a window of steps right after warm-up: a
+                 Chrome/Perfetto trace (also TensorBoard's format), an operator
+                 table (CSV + top-N printed) and the kernel table
+    flopcounter  torch.utils.flop_counter.FlopCounterMode over ONE step,
+                 compared with the harness's analytic FLOPs (harness/flops.py)
+    deepspeed    DeepSpeed's FLOPS profiler over ONE step's forward pass
+                 (optional package), compared with the analytic forward FLOPs
+    window       marks the same window for external profilers:
+                 cudaProfilerStart/Stop (ncu --profile-from-start off, nsys
+                 --capture-range=cudaProfilerApi) and an NVTX/ROCTx range
+
+The trainer calls start() before step 0, .step(i) after every step (warm-up
+included) and .finish(result) before the results JSON is written. Outputs go
+to --profile-dir (default profiles/<version>/) in a folder named after KIND.
+
+Why one step for the FLOP counters: FLOPs do not change from step to step,
+and summing a running total every step (as the public precedent did) reports
+N steps' worth of FLOPs as if they were one. Why the LAST warm-up step: the
+counters slow the step they watch, and warm-up steps are not timed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from . import flops
+from .errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILE_STEPS = 3  # length of the pytorch/window profile: a few steps are plenty
+TOP_N = 15
+
+
+def start(settings, device: torch.device, model: torch.nn.Module):
+    sessions = {"pytorch": TorchProfilerSession, "flopcounter": FlopCounterSession,
+                "deepspeed": DeepSpeedSession, "window": MarkedWindow}
+    if settings.profile not in sessions:
+        raise UsageError(f"--profile must be one of {', '.join(sessions)} (got {settings.profile!r})")
+    return sessions[settings.profile](settings, device, model)
+
+
+def profiled_window(settings) -> tuple[int, int]:
+    """First and last step profiled: the first PROFILE_STEPS steps after warm-up."""
+    first = settings.warmup_steps
+    return first, min(first + PROFILE_STEPS, settings.num_steps) - 1
+
+
+def counted_step(settings) -> int:
+    """The step the FLOP counters watch: the last warm-up step (step 0 if none)."""
+    return max(settings.warmup_steps - 1, 0)
+
+
+class Session:
+    """Calls _begin() just before step `first` and _end() right after step `last`."""
+
+    kind = "base"
+
+    def __init__(self, settings, device, model, first: int, last: int):
+        self.settings, self.device, self.model = settings, device, model
+        self.first, self.last = first, last
+        base = Path(settings.profile_dir) if settings.profile_dir else REPO_ROOT / "profiles" / settings.version
+        rank = os.environ.get("RANK")
+        if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
+            base = base / f"rank{rank}"  # one folder per process under torchrun
+        self.out = (base / self.kind).resolve()
+        self.verbose = not settings.quiet and rank in (None, "0")
+        self.files: dict[str, str] = {}
+        self.notes: list[str] = []
+        if first == 0:
+            self._begin()
+
+    def say(self, text: str) -> None:
+        if self.verbose:
+            print(text, flush=True)
+
+    def step(self, index: int) -> None:
+        if index == self.last:
+            self._end()
+        elif index + 1 == self.first:
+            self._begin()
+
+    def _begin(self) -> None:
+        pass
+
+    def _end(self) -> None:
+        pass
+
+    def finish(self, result: dict) -> None:
+        result["profile"] = {"kind": self.kind, "steps": [self.first, self.last],
+                             "dir": str(self.out) if self.out.exists() else None, "files": self.files, "notes": self.notes,
+                             **self.summary(result)}
+
+    def summary(self, result: dict) -> dict:
+        return {}
+
+    def write_json(self, name: str, data: dict) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / name
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        self.files[name.rsplit(".", 1)[0]] = str(path)
+        return path
+
+
+# ----------------------------------------------------------------- PyTorch profiler
+class TorchProfilerSession(Session):
+    kind = "pytorch"
+
+    def __init__(self, settings, device, model):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        first, last = profiled_window(settings)
+        self.memory = os.environ.get("PROFILE_MEMORY", "0") == "1" and device.type == "cuda"
+        self.trace: Path | None = None
+        super().__init__(settings, device, model, first, last)
+        self.out.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)  # also HIP kernels on a ROCm build
+        # The schedule skips `wait` steps, traces one step it throws away
+        # (warm-up of the profiler itself), then records `active` steps.
+        warm = 1 if first >= 1 else 0
+        self.profiler = profile(
+            activities=activities,
+            schedule=schedule(wait=first - warm, warmup=warm, active=last - first + 1, repeat=1),
+            on_trace_ready=self._save_trace, record_shapes=True, profile_memory=True,
+            with_flops=True)
+        self.profiler.start()
+
+    def _save_trace(self, prof) -> None:
+        from torch.profiler import tensorboard_trace_handler
+
+        before = set(self.out.glob("*.pt.trace.json"))
+        tensorboard_trace_handler(str(self.out), worker_name=self.settings.version)(prof)
+        new = set(self.out.glob("*.pt.trace.json")) - before
+        self.trace = max(new, key=lambda p: p.stat().st_mtime) if new else None
+
+    def step(self, index: int) -> None:
+        self.profiler.step()
+        super().step(index)
+
+    # The allocator snapshot (PROFILE_MEMORY=1, GPU only) records every
+    # allocation with its stack during the window; open the pickle at
+    # https://pytorch.org/memory_viz. It sees PyTorch's caching allocator only.
+    def _begin(self) -> None:
+        if self.memory:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+
+    def _end(self) -> None:
+        if self.memory:
+            path = self.out / "memory_snapshot.pickle"
+            torch.cuda.memory._dump_snapshot(str(path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.files["memory_snapshot"] = str(path)
+
+    def finish(self, result: dict) -> None:
+        from profilers import kernel_table, torch_profiler
+
+        self.profiler.stop()
+        operators = torch_profiler.operator_records(self.profiler.key_averages())
+        self.files["operators"] = str(torch_profiler.write_operator_csv(
+            operators, self.out / "operators.csv"))
+        table = torch_profiler.read_trace(self.trace) if self.trace else None
+        if table is None or not table.rows:  # CPU run: operators are the "kernels"
+            table = torch_profiler.read_operator_csv(self.out / "operators.csv")
+        self.files["kernel_table"] = str(kernel_table.write_csv(table, self.out / "kernel_table.csv"))
+        if self.trace:
+            self.files["trace"] = str(self.trace)
+        if self.device.type == "cpu":
+            self.notes.append("CPU run: times are operator self CPU times (no GPU kernels)")
+        if os.environ.get("PROFILE_MEMORY") == "1" and not self.memory:
+            self.notes.append("PROFILE_MEMORY=1 needs a GPU: the allocator snapshot is CUDA/HIP "
+                              "only (operators.csv still has CPU memory columns)")
+        result["warnings"].append(
+            f"steps {self.first}-{self.last} ran under the PyTorch profiler: "
+            f"their timings include its overhead (profile and benchmark in separate runs)")
+        super().finish(result)
+        self.say(f"\nPyTorch profiler, steps {self.first}-{self.last} "
+                 f"({'device' if self.device.type == 'cuda' else 'CPU'} time):")
+        self.say(torch_profiler.format_operators(operators, TOP_N))
+        self.say(kernel_table.format_table(table, top=10))
+        self.say(f"trace (open in https://ui.perfetto.dev): {self.files.get('trace', 'none')}")
+        self.say(f"TensorBoard: tensorboard --logdir {self.out}   "
+                 f"operator table: {self.files['operators']}")
+
+    def summary(self, result: dict) -> dict:
+        from profilers import kernel_table
+
+        table = kernel_table.read_csv(self.files["kernel_table"])
+        return {"by_category": {c: round(s, 4) for c, s in table.by_category().items() if s}}
+
+
+# ----------------------------------------------------------------- FLOP counters
+class FlopCountingSession(Session):
+    """Shared by FlopCounterMode and DeepSpeed: count one step, compare, report."""
+
+    counts: str = "training step"  # what the tool counts
+
+    def __init__(self, settings, device, model):
+        step = counted_step(settings)
+        self.counted: int | None = None
+        self.by_op: dict[str, int] = {}
+        super().__init__(settings, device, model, step, step)
+
+    fraction = 1.0  # of a training step the tool counts (DeepSpeed: the forward, 1/3)
+
+    def analytic(self) -> int:
+        """harness.flops for the counted step: 6*N_matmul + 12*L*d*T per token."""
+        s = self.settings
+        return int(flops.step_flops(s.model, s.batch_size, s.seq_len) * s.grad_accum * self.fraction)
+
+    def attention_share(self) -> int:
+        """The part of analytic() that is attention's QK^T and PV products (12*L*d*T per token)."""
+        s, cfg = self.settings, self.settings.model
+        tokens = s.batch_size * s.seq_len * s.grad_accum
+        return int(12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * s.seq_len * tokens
+                   * self.fraction)
+
+    def explain(self, counted: int, analytic: int) -> list[str]:
+        notes = []
+        ops = " ".join(self.by_op)
+        if "attention" in ops:
+            notes.append("SDPA is counted as full (non-causal) attention, the same convention as "
+                         "the analytic model; the useful causal work is half of it")
+        if counted < analytic * 0.99:
+            missing, attention = analytic - counted, self.attention_share()
+            if "attention" not in ops and abs(missing - attention) <= 0.02 * attention:
+                notes.append(
+                    f"the missing {missing / 1e9:.3f} GFLOP are exactly attention's QK^T and PV "
+                    "products: FlopCounterMode counts 0 for SDPA on the CPU "
+                    "(aten._scaled_dot_product_flash_attention_for_cpu has no FLOP formula; on a "
+                    "GPU SDPA is counted) and for Triton kernels launched directly")
+            else:
+                notes.append("counted less than the analytic model: kernels outside PyTorch's "
+                             "dispatcher (raw Triton launches, custom ops without "
+                             "register_flop_formula) are invisible to the counter")
+        elif counted > analytic * 1.01:
+            notes.append("counted more than the analytic model"
+                         + (": --grad-checkpoint recomputes the forward pass in backward"
+                            if self.settings.grad_checkpoint else ""))
+        return notes
+
+    def summary(self, result: dict) -> dict:
+        analytic = self.analytic()
+        counted = self.counted or 0
+        ratio = counted / analytic if analytic else None
+        self.notes.extend(self.explain(counted, analytic))
+        data = {"tool": self.kind, "counted_step": self.first, "counts": self.counts,
+                "counted_flops": counted, "analytic_flops": analytic,
+                "ratio": ratio, "by_op": self.by_op,
+                "analytic_convention": result["flops"]["convention"], "notes": self.notes}
+        self.write_json("flops.json", data)
+        self.say(f"\n{self.kind}: step {self.first}, {self.counts}: counted "
+                 f"{counted / 1e9:.4f} GFLOP vs analytic {analytic / 1e9:.4f} GFLOP "
+                 f"(ratio {ratio:.3f})")
+        for op, n in sorted(self.by_op.items(), key=lambda kv: -kv[1])[:8]:
+            self.say(f"  {op:<50} {n / 1e9:10.3f} GFLOP")
+        for note in self.notes:
+            self.say(f"  note: {note}")
+        self.say(f"  -> {self.files['flops']}")
+        return {"counted_flops": counted, "analytic_flops": analytic, "ratio": ratio}
+
+
+class FlopCounterSession(FlopCountingSession):
+    kind = "flopcounter"
+    counts = "forward + backward (matmuls and attention only)"
+
+    def _begin(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.mode = FlopCounterMode(display=False)
+        self.mode.__enter__()  # entered here, left in _end: exactly one step is counted
+
+    def _end(self) -> None:
+        self.mode.__exit__(None, None, None)
+        self.counted = int(self.mode.get_total_flops())
+        self.by_op = {str(op): int(n) for op, n in self.mode.get_flop_counts()["Global"].items()}
+
+
+class DeepSpeedSession(FlopCountingSession):
+    kind = "deepspeed"
+    counts = "forward only (DeepSpeed hooks modules; training is ~3x forward)"
+    fraction = 1 / 3
+
+    def __init__(self, settings, device, model):
+        if device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # skip accelerator auto-detection
+        try:
+            from deepspeed.profiling.flops_profiler import FlopsProfiler
+        except Exception as e:  # not installed, or a broken install
+            reason = "not installed" if isinstance(e, ModuleNotFoundError) else \
+                f"failed to import ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
+            raise UsageError(f"--profile deepspeed needs DeepSpeed, which is {reason}: "
+                             f"pip install 'deepspeed==0.19.*' (its FLOPS profiler needs no compiled "
+                             f"ops), or use --profile flopcounter, built into PyTorch") from None
+        self.profiler_class = FlopsProfiler
+        super().__init__(settings, device, model)
+
+    def _begin(self) -> None:
+        self.profiler = self.profiler_class(self.model)
+        self.profiler.start_profile()
+
+    def _end(self) -> None:
+        self.counted = int(self.profiler.get_total_flops())
+        self.out.mkdir(parents=True, exist_ok=True)
+        report = self.out / "deepspeed_profile.txt"
+        self.profiler.print_model_profile(profile_step=self.first, module_depth=2, top_modules=3,
+                                          detailed=True, output_file=str(report))
+        self.by_op = {"macs": int(self.profiler.get_total_macs()),
+                      "params": int(self.profiler.get_total_params())}
+        self.profiler.end_profile()
+        self.files["report"] = str(report)
+        self.notes.append("DeepSpeed also counts elementwise work (norms, activations, softmax), "
+                          "which the analytic model leaves out; its module latencies are "
+                          "inflated by a synchronize around every module")
+
+
+# ----------------------------------------------------------------- external profilers
+class MarkedWindow(Session):
+    """Mark the profiled window for tools outside the process.
+
+    ncu --profile-from-start off and nsys --capture-range=cudaProfilerApi only
+    record between cudaProfilerStart and cudaProfilerStop; the NVTX range
+    ("profiled_window", ROCTx on ROCm) shows the window on any timeline.
+    """
+
+    kind = "window"
+
+    def __init__(self, settings, device, model):
+        self.gpu = device.type == "cuda"
+        first, last = profiled_window(settings)
+        super().__init__(settings, device, model, first, last)
+        if not self.gpu:
+            self.notes.append("no GPU: nothing to mark")
+
+    def _begin(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize()  # warm-up work must not leak into the capture
+            torch.cuda.nvtx.range_push("profiled_window")
+            torch.cuda.profiler.start()
+
+    def _end(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize()  # let the window's kernels finish inside the capture
+            torch.cuda.profiler.stop()
+            torch.cuda.nvtx.range_pop()
