@@ -111,8 +111,10 @@ def build_parser(version: str, description: str, add_arguments=None,
     r.add_argument("--output", help="results JSON path (default: results/<version>_<preset>.json)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
-    r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter"), default=None,
-                   help="profile a few steps after warm-up (see docs/PROFILING.md)")
+    r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter", "window"),
+                   default=None,
+                   help="profile a few steps after warm-up; window = only mark them for "
+                        "ncu/nsys (cudaProfilerStart/Stop); see docs/PROFILING.md")
     r.add_argument("--profile-dir", default=None,
                    help="where profiler outputs go (default: profiles/<version>/)")
 
