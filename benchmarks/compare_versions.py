@@ -321,7 +321,7 @@ def split_list(text: str, allowed, flag: str) -> list[str]:
     items = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in items if s not in allowed]
     if unknown or not items:
-        raise UsageError(f"{flag}: unknown or empty {', '.join(unknown) or text!r} "
+        raise UsageError(f"{flag}: unknown {', '.join(unknown) if unknown else 'empty list'} "
                          f"(choose from {', '.join(allowed)})")
     return items
 
@@ -418,13 +418,10 @@ def _write_json(path: Path, report: dict) -> None:
 def main(argv=None) -> int:
     try:
         compare(parse_args(sys.argv[1:] if argv is None else argv))
-        return 0
-    except WorkshopError as e:
+    except WorkshopError as e:  # bad input: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    return 0
 
 
 if __name__ == "__main__":

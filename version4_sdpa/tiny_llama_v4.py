@@ -13,7 +13,7 @@ Which kernel runs depends on the GPU, dtype, head size and torch version:
     cudnn      NVIDIA cuDNN's fused attention
     math       the explicit maths, like V2: the fallback that always works
 `--sdpa-backend` forces one. The results JSON records which one ran
-(options.sdpa_kernel); see probe_sdpa_kernel for how that is found out.
+(options.sdpa_kernel); probe_sdpa_kernel explains how that is found out.
 
 Grouped-query attention without copies: with enable_gqa=True (torch >= 2.5)
 the kernel reads each k/v head for its whole group of query heads, where V1
@@ -35,7 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
+from torch.nn.attention import sdpa_kernel as restrict_sdpa_to
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
@@ -57,7 +58,7 @@ def allow_only(backend: str):
     member = getattr(SDPBackend, BACKENDS[backend], None)
     if member is None:
         raise UsageError(f"--sdpa-backend {backend} does not exist in torch {torch.__version__}")
-    return sdpa_kernel([member])
+    return restrict_sdpa_to([member])
 
 
 def causal_sdpa(q, k, v, backend: str = "auto", gqa: str = "native"):
@@ -98,11 +99,12 @@ def build_model(config: ModelConfig, sdpa_backend: str = "auto", gqa: str | None
 
 # ---- which kernel runs? ------------------------------------------------------
 # SDPA is a dispatcher: it checks each fused kernel's constraints (GPU, dtype,
-# head size, strides, GQA...) and calls the first that fits, as an ATen op
-# whose name says which family it is. A TorchDispatchMode sees every ATen op
-# that runs, so running SDPA once - forward and backward, on the training
-# shapes and dtype - shows which kernel PyTorch picks. torch.compile makes the
-# same choice (it keeps SDPA as this ATen call), so this is what trains.
+# head size, strides, GQA...) and calls the first that fits, as an ATen op whose
+# name says which family it is. A TorchDispatchMode sees every ATen op that
+# runs. So before training we run one block of this very model - same config,
+# batch, sequence length and autocast precision - forward and backward on the
+# training device, and read off the SDPA op. torch.compile makes the same
+# choice (it keeps SDPA as that ATen call), so this is the kernel that trains.
 KERNEL_OPS = {"_scaled_dot_product_flash_attention": "flash",
               "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
               "_scaled_dot_product_efficient_attention": "efficient",
@@ -120,17 +122,18 @@ class _OpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
+def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, precision: str,
                       backend: str = "auto", gqa: str = "native") -> str:
-    """Run causal_sdpa forward+backward once on these shapes; name the kernel that ran."""
-    def qkv_like_the_model(heads):  # (B, T, heads, d) transposed, as V2's projections give
-        return torch.randn(batch, seq_len, heads, cfg.head_dim, device=device,
-                           dtype=dtype).transpose(1, 2).requires_grad_()
+    """Train one block of the model for one step's forward+backward; name the SDPA kernel that ran."""
+    from harness.trainer import autocast_for
 
-    q = qkv_like_the_model(cfg.num_heads)
-    k, v = qkv_like_the_model(cfg.num_kv_heads), qkv_like_the_model(cfg.num_kv_heads)
+    model = build_model(cfg.replace(num_layers=1), sdpa_backend=backend, gqa=gqa).to(device)
+    x = torch.randn(batch, seq_len, cfg.hidden_dim, device=device)
+    cos, sin = model.rope_cos[:seq_len], model.rope_sin[:seq_len]
     with _OpRecorder() as recorder:
-        causal_sdpa(q, k, v, backend, gqa).sum().backward()
+        with autocast_for(precision, device):
+            out = model.layers[0](x, cos, sin)
+        out.float().sum().backward()
     kernel = next((KERNEL_OPS[n] for n in recorder.names if n in KERNEL_OPS), "math")
     if getattr(torch.version, "hip", None) and kernel in ("flash", "efficient"):
         library = "AOTriton"  # ROCm's default; Composable Kernel when preferred
@@ -141,7 +144,7 @@ def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
     return kernel
 
 
-def choose_sdpa(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
+def choose_sdpa(cfg: ModelConfig, batch: int, seq_len: int, device, precision: str,
                 backend: str) -> tuple[str, str]:
     """(kernel that runs, gqa mode) for this run, or UsageError if `backend` cannot run."""
     if cfg.num_kv_heads == cfg.num_heads:
@@ -153,14 +156,14 @@ def choose_sdpa(cfg: ModelConfig, batch: int, seq_len: int, device, dtype,
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                return probe_sdpa_kernel(cfg, batch, seq_len, device, dtype, backend, gqa), gqa
+                return probe_sdpa_kernel(cfg, batch, seq_len, device, precision, backend, gqa), gqa
         except torch.cuda.OutOfMemoryError:
             raise
         except RuntimeError as e:
             reason = _why_not(caught, e)
     raise UsageError(f"--sdpa-backend {backend} cannot run on {device_name(device)} with torch "
-                     f"{torch.__version__} ({str(dtype).replace('torch.', '')}, head_dim "
-                     f"{cfg.head_dim}): {reason} - use --sdpa-backend auto")
+                     f"{torch.__version__} ({precision}, head_dim {cfg.head_dim}): {reason} "
+                     f"- use --sdpa-backend auto")
 
 
 def _why_not(caught_warnings, error) -> str:
@@ -185,9 +188,8 @@ def model_options(args) -> dict:
     settings = cli.settings_from_args("v4", args, [])
     device = devices.resolve_device(args.device)
     precision = trainer.choose_precision(args.precision, device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     kernel, gqa = choose_sdpa(settings.model, settings.batch_size, settings.seq_len, device,
-                              dtype, args.sdpa_backend)
+                              precision, args.sdpa_backend)
     return {**v2.fusion_options(args), "sdpa_backend": args.sdpa_backend,
             "sdpa_kernel": kernel, "gqa": gqa}
 
