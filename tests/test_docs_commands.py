@@ -280,6 +280,13 @@ def test_every_quoted_command_exists_and_parses():
     assert not failures, "\n".join(failures)
 
 
+def test_version_readme_diffs_match_the_code():
+    """The diff blocks in version*/README.md are generated from the model files."""
+    from conftest import run_cli
+    proc = run_cli([REPO / "exercises" / "make_version_diffs.py", "--check"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 # ------------------------------------------------------------------ the checker itself
 @pytest.mark.parametrize("text, expected", [
     ("python version1_baseline/tiny_llama_v1.py --preset tiny", None),
