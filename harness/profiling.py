@@ -167,6 +167,7 @@ class TorchProfilerSession(Session):
         table = torch_profiler.read_trace(self.trace) if self.trace else None
         if table is None or not table.rows:  # CPU run: operators are the "kernels"
             table = torch_profiler.read_operator_csv(self.out / "operators.csv")
+        self.table = table
         self.files["kernel_table"] = str(kernel_table.write_csv(table, self.out / "kernel_table.csv"))
         if self.trace:
             self.files["trace"] = str(self.trace)
@@ -188,25 +189,22 @@ class TorchProfilerSession(Session):
                  f"operator table: {self.files['operators']}")
 
     def summary(self, result: dict) -> dict:
-        from profilers import kernel_table
-
-        table = kernel_table.read_csv(self.files["kernel_table"])
-        return {"by_category": {c: round(s, 4) for c, s in table.by_category().items() if s}}
+        return {"by_category": {c: round(s, 4) for c, s in self.table.by_category().items() if s}}
 
 
 # ----------------------------------------------------------------- FLOP counters
 class FlopCountingSession(Session):
     """Shared by FlopCounterMode and DeepSpeed: count one step, compare, report."""
 
-    counts: str = "training step"  # what the tool counts
+    counts = "training step"  # what the tool counts, in words
+    fraction = 1.0  # of a training step the tool counts (DeepSpeed: the forward, 1/3)
 
     def __init__(self, settings, device, model):
         step = counted_step(settings)
         self.counted: int | None = None
-        self.by_op: dict[str, int] = {}
+        self.by_op: dict[str, int] = {}  # FLOPs per aten op, where the tool gives them
+        self.extra: dict[str, int] = {}  # other totals the tool reports
         super().__init__(settings, device, model, step, step)
-
-    fraction = 1.0  # of a training step the tool counts (DeepSpeed: the forward, 1/3)
 
     def analytic(self) -> int:
         """harness.flops for the counted step: 6*N_matmul + 12*L*d*T per token."""
@@ -251,7 +249,7 @@ class FlopCountingSession(Session):
         self.notes.extend(self.explain(counted, analytic))
         data = {"tool": self.kind, "counted_step": self.first, "counts": self.counts,
                 "counted_flops": counted, "analytic_flops": analytic,
-                "ratio": ratio, "by_op": self.by_op,
+                "ratio": ratio, "by_op": self.by_op, **self.extra,
                 "analytic_convention": result["flops"]["convention"], "notes": self.notes}
         self.write_json("flops.json", data)
         self.say(f"\n{self.kind}: step {self.first}, {self.counts}: counted "
@@ -310,7 +308,7 @@ class DeepSpeedSession(FlopCountingSession):
         report = self.out / "deepspeed_profile.txt"
         self.profiler.print_model_profile(profile_step=self.first, module_depth=2, top_modules=3,
                                           detailed=True, output_file=str(report))
-        self.by_op = {"macs": int(self.profiler.get_total_macs()),
+        self.extra = {"macs": int(self.profiler.get_total_macs()),
                       "params": int(self.profiler.get_total_params())}
         self.profiler.end_profile()
         self.files["report"] = str(report)
@@ -324,14 +322,17 @@ class MarkedWindow(Session):
     """Mark the profiled window for tools outside the process.
 
     ncu --profile-from-start off and nsys --capture-range=cudaProfilerApi only
-    record between cudaProfilerStart and cudaProfilerStop; the NVTX range
-    ("profiled_window", ROCTx on ROCm) shows the window on any timeline.
+    record between cudaProfilerStart and cudaProfilerStop (NVIDIA only: the
+    ROCm tools do not use hipProfilerStart). The NVTX range "profiled_window"
+    - a ROCTx range on ROCm, where rocprofv3 --marker-trace records it - shows
+    the window on every timeline and lets the parsers cut the warm-up out.
     """
 
     kind = "window"
 
     def __init__(self, settings, device, model):
         self.gpu = device.type == "cuda"
+        self.capture = self.gpu and not getattr(torch.version, "hip", None)
         first, last = profiled_window(settings)
         super().__init__(settings, device, model, first, last)
         if not self.gpu:
@@ -340,11 +341,13 @@ class MarkedWindow(Session):
     def _begin(self) -> None:
         if self.gpu:
             torch.cuda.synchronize()  # warm-up work must not leak into the capture
+            if self.capture:
+                torch.cuda.profiler.start()
             torch.cuda.nvtx.range_push("profiled_window")
-            torch.cuda.profiler.start()
 
     def _end(self) -> None:
         if self.gpu:
-            torch.cuda.synchronize()  # let the window's kernels finish inside the capture
-            torch.cuda.profiler.stop()
+            torch.cuda.synchronize()  # the window's kernels finish inside the capture
             torch.cuda.nvtx.range_pop()
+            if self.capture:
+                torch.cuda.profiler.stop()

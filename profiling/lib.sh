@@ -44,6 +44,13 @@ need_value() {  # need_value OPTION "${2-}" [WHAT]: an option's value must follo
     [[ -n "${2:-}" && "$2" != -* ]] || die 2 "$1 needs ${3:-a value}"
 }
 
+need_choice() {  # need_choice OPTION "${2-}" CHOICE...: the value must be one of the choices
+    local option=$1 value=$2 choice
+    shift 2
+    for choice in "$@"; do [[ "$value" == "$choice" ]] && return 0; done
+    die 2 "$option must be one of: $* (got ${value:-nothing})"
+}
+
 usage() {
     sed -n '2,/^$/s/^# \{0,1\}//p' "$0"
     echo "Common options: VERSION (v1..v4) --preset P --num-steps N --warmup-steps N --out DIR --tag NAME -- [training options]"

@@ -14,9 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 COUNTER=flopcounter
 tool_option() {
     case "$1" in
-        --counter) need_value "$1" "${2-}" "flopcounter or deepspeed"
-                   [[ "$2" == flopcounter || "$2" == deepspeed ]] || die 2 "--counter must be flopcounter or deepspeed (got $2)"
-                   COUNTER=$2; TOOL_SHIFT=2 ;;
+        --counter) need_choice "$1" "${2-}" flopcounter deepspeed; COUNTER=$2; TOOL_SHIFT=2 ;;
         *) return 1 ;;
     esac
 }

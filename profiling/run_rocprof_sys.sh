@@ -19,9 +19,7 @@ MODE=sample
 CONFIG=()
 tool_option() {
     case "$1" in
-        --mode) need_value "$1" "${2-}" "sample or run"
-                [[ "$2" == sample || "$2" == run ]] || die 2 "--mode must be sample or run (got $2)"
-                MODE=$2; TOOL_SHIFT=2 ;;
+        --mode) need_choice "$1" "${2-}" sample run; MODE=$2; TOOL_SHIFT=2 ;;
         --config) need_value "$1" "${2-}" "a file"
                   [[ -f "$2" ]] || die 2 "--config $2: no such file"
                   CONFIG=(--config "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); TOOL_SHIFT=2 ;;
