@@ -1,0 +1,285 @@
+"""python -m analysis_tools <command> ...   (each command: --help)
+
+  compare   table + plots of result JSONs, loud flags on suspicious numbers
+  ceilings  measure matmul peaks and copy bandwidth of this device (JSON)
+  roofline  roofline plot: analytic ops, measured ops, profiler kernels, runs
+  memory    predicted peak memory vs measured (or traced) peak
+  sweep     run a version over a grid of batch/seq/precision/checkpointing/compile
+  report    self-contained HTML report + Markdown summary of a results folder
+  regress   compare new results with a baseline; exit 1 on a regression
+
+Exit codes: 0 ok, 1 regression (regress) or suspicious results (compare --strict),
+2 bad input (one line on stderr).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.cli import OneLineParser
+from harness.errors import WorkshopError
+
+from .common import AnalysisError, out_dir_default, parse_kv_list, text_table
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise AnalysisError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise AnalysisError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _switches(text: str) -> list[bool]:
+    table = {"off": False, "on": True, "false": False, "true": True, "0": False, "1": True}
+    try:
+        return [table[v.strip().lower()] for v in text.split(",") if v.strip()]
+    except KeyError:
+        raise AnalysisError(f"expected on/off values, got {text!r}") from None
+
+
+def _precisions(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in PRECISIONS]
+    if bad or not values:
+        raise AnalysisError(f"precisions must be among {', '.join(PRECISIONS)} (got {text!r})")
+    return values
+
+
+def _kernel_tables(items) -> dict:
+    tables = {}
+    for item in items or []:
+        label, sep, path = item.partition("=")
+        if not sep:
+            label, path = Path(item).stem, item
+        tables[label] = path
+    return tables
+
+
+# ---------------------------------------------------------------- commands
+def cmd_compare(args) -> int:
+    from .compare import compare_runs, format_report
+    out = compare_runs(args.results, None if args.no_plots else args.out_dir)
+    print(format_report(out))
+    return 1 if args.strict and out["flags"] else 0
+
+
+def cmd_ceilings(args) -> int:
+    from .ceilings import ceilings_table, measure_ceilings, plot_copy_sweep, write_ceilings
+    precisions = _precisions(args.precisions) if args.precisions else None
+    data = measure_ceilings(args.device, precisions, sweep=args.sweep)
+    path = write_ceilings(data, args.output or Path(args.out_dir) / "ceilings.json")
+    print(f"device: {data['device']['name']} ({data['device']['backend']})")
+    print(text_table(ceilings_table(data), {"measured": ",.2f", "datasheet": ",.2f",
+                                            "measured / datasheet %": ".0f"}))
+    if args.sweep:
+        print(f"plot: {plot_copy_sweep(data, args.out_dir)}")
+    print(f"ceilings: {path}")
+    return 0
+
+
+def cmd_roofline(args) -> int:
+    from .roofline import category_summary, draw_roofline
+    out = draw_roofline(args.results or None, args.preset, args.batch_size, args.seq_len, args.precision,
+                   args.attention, args.ceilings, _kernel_tables(args.kernels), args.measure_ops,
+                   args.device, args.out_dir)
+    columns = ["op", "category", "count", "flops", "bytes", "intensity"]
+    print("analytic operations of one training step (FLOPs and minimum bytes, all layers):")
+    print(text_table(out["analytic"][columns], {"flops": ".3g", "bytes": ".3g", "intensity": ".2f"}))
+    for c in out["ceilings"]:
+        print(f"ceiling {c['label']}: {c['tflops']:.1f} TFLOP/s, {c['tbs']:.2f} TB/s, "
+              f"ridge at {c['tflops'] / c['tbs']:.0f} FLOP/B")
+    if out["measured"] is not None:
+        print("\nmeasured alone (forward + backward, median):")
+        print(text_table(out["measured"][["op", "implementation", "ms_per_call", "intensity",
+                                          "achieved_tflops", "achieved_gbs"]],
+                         {"ms_per_call": ".4f", "intensity": ".2f", "achieved_tflops": ".3g",
+                          "achieved_gbs": ".1f"}))
+        out["measured"].to_csv(Path(args.out_dir) / "roofline_measured_ops.csv", index=False)
+    if out["kernels"] is not None:
+        missing = int(out["kernels"]["intensity"].isna().sum())
+        print("\nkernel time by category:")
+        print(text_table(category_summary(out["kernels"]), {"time ms": ".3f", "share %": ".1f"}))
+        if missing:
+            print(f"({missing} kernels have no FLOPs or bytes in their table and are not plotted)")
+    if out["steps"] is not None:
+        print("\nwhole training steps:")
+        print(text_table(out["steps"], {"intensity": ".2f", "achieved_tflops": ".3g"}))
+    print(f"plot: {out['plot']}")
+    return 0
+
+
+def cmd_memory(args) -> int:
+    from . import memory
+    if args.results:
+        out = memory.memory_for_results(args.results, args.out_dir)
+        print(text_table(out["table"], {"predicted MiB": ",.0f", "measured MiB": ",.0f", "error %": "+.1f"}))
+        for r, label in zip(out["results"], out["table"]["run"]):
+            pred = memory.predict_for_result(r)
+            print(f"\n{label}: peak at '{pred.moment}'")
+            print(text_table(memory.breakdown_table(pred), {"MiB": ",.1f"}))
+        print(f"plot: {out['plots'][0]}")
+        return 0
+    from harness.config import PRESETS
+    device = "cpu" if args.device == "cpu" else "cuda"
+    pred = memory.predict_preset(args.preset, args.version, args.batch_size, args.seq_len,
+                                 args.precision, args.grad_checkpoint, device)
+    print(f"{args.version} {args.preset} {args.precision}"
+          f"{' +grad-checkpoint' if args.grad_checkpoint else ''}: predicted peak "
+          f"{pred.peak_mib:,.0f} MiB at '{pred.moment}'")
+    print(text_table(memory.breakdown_table(pred), {"MiB": ",.1f"}))
+    if args.trace:
+        p = PRESETS[args.preset]
+        traced = memory.trace_step(args.version, p.model, args.batch_size or p.batch_size,
+                                   args.seq_len or p.seq_len, args.precision, args.device,
+                                   args.grad_checkpoint)
+        print(f"traced peak of live tensors: {traced['peak_bytes'] / memory.MiB:,.0f} MiB "
+              f"(at {traced['peak_op']}); model error "
+              f"{(pred.peak_bytes / traced['peak_bytes'] - 1) * 100:+.1f}%")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from harness.workshop import device_preset
+    from .sweep import grid, plot_sweep, run_sweep
+    preset = args.preset or device_preset()
+    points = grid(preset, _ints(args.batch_sizes) if args.batch_sizes else None,
+                  _ints(args.seq_lens) if args.seq_lens else None,
+                  _precisions(args.precisions) if args.precisions else None,
+                  _switches(args.grad_checkpoint), _switches(args.compile))
+    out_dir = Path(args.out_dir) / f"sweep_{Path(args.version).stem}_{preset}"
+    print(f"sweep: {args.version}, preset {preset}, {len(points)} points -> {out_dir}")
+    df = run_sweep(args.version, preset, points, out_dir, args.num_steps, args.warmup_steps, args.extra)
+    shown = df.drop(columns=["results", "message"])
+    print(text_table(shown, {"tokens_per_s": ",.0f", "peak_mb": ",.0f", "step_ms": ".2f", "mfu_pct": ".1f"}))
+    for p in plot_sweep(df, out_dir, args.version):
+        print(f"plot: {p}")
+    print(f"table: {out_dir / 'sweep.csv'}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import build_report
+    out = build_report(args.results, args.out_dir, args.ceilings, _kernel_tables(args.kernels), args.title)
+    print(f"report: {out['html']}\nsummary: {out['markdown']}")
+    if out["flags"]:
+        print(f"{len(out['flags'])} suspicious result(s) flagged in the report")
+    return 0
+
+
+def cmd_regress(args) -> int:
+    from .regress import check_regressions
+    tolerances = parse_kv_list(args.tolerance, "--tolerance") if args.tolerance else None
+    out = check_regressions([args.baseline], args.results, tolerances)
+    print(text_table(out["table"], {"baseline": ",.4g", "new": ",.4g", "change %": "+.1f",
+                                    "tolerance %": ".0f"}))
+    for note in out["notes"]:
+        print(f"note: {note}")
+    if out["regressions"]:
+        print(f"REGRESSION ({len(out['regressions'])}):", file=sys.stderr)
+        for line in out["regressions"]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    print("no regression beyond tolerance")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m analysis_tools", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    out_help = f"folder for plots and files (default {out_dir_default()})"
+
+    c = sub.add_parser("compare", help="table + plots of result JSONs")
+    c.add_argument("results", nargs="+", help="results JSON files or folders")
+    c.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    c.add_argument("--no-plots", action="store_true")
+    c.add_argument("--strict", action="store_true", help="exit 1 when a result looks suspicious")
+    c.set_defaults(func=cmd_compare)
+
+    e = sub.add_parser("ceilings", help="measure matmul peaks and copy bandwidth")
+    e.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    e.add_argument("--precisions", help="comma-separated, default: all this device supports")
+    e.add_argument("--sweep", action="store_true", help="also bandwidth vs size (cache levels) + plot")
+    e.add_argument("--output", help="JSON path (default <out-dir>/ceilings.json)")
+    e.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    e.set_defaults(func=cmd_ceilings)
+
+    r = sub.add_parser("roofline", help="roofline plot")
+    r.add_argument("results", nargs="*", help="results JSONs (config and step points)")
+    r.add_argument("--preset", help="config when no results are given (default small)")
+    r.add_argument("--batch-size", type=int)
+    r.add_argument("--seq-len", type=int)
+    r.add_argument("--precision", choices=PRECISIONS)
+    r.add_argument("--attention", choices=("explicit", "flash"), help="for the step points' bytes")
+    r.add_argument("--ceilings", help="JSON from the ceilings command")
+    r.add_argument("--kernels", action="append", metavar="LABEL=CSV",
+                   help="profiler kernel table (repeatable), e.g. v1=profiles/v1/kernels.csv")
+    r.add_argument("--measure-ops", action="store_true", help="time every op alone on --device")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    r.set_defaults(func=cmd_roofline)
+
+    m = sub.add_parser("memory", help="memory model vs measured")
+    m.add_argument("results", nargs="*", help="results JSONs to check the model against")
+    m.add_argument("--preset", default="small", help="config to predict when no results are given")
+    m.add_argument("--version", default="v1")
+    m.add_argument("--batch-size", type=int)
+    m.add_argument("--seq-len", type=int)
+    m.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    m.add_argument("--grad-checkpoint", action="store_true")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
+                   help="device to predict for (and to --trace on)")
+    m.add_argument("--trace", action="store_true",
+                   help="also run two real steps and track live tensors (slow on CPU)")
+    m.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    m.set_defaults(func=cmd_memory)
+
+    s = sub.add_parser("sweep", help="run a version over a grid")
+    s.add_argument("--version", default="v1", help="v1..v4 or a script path")
+    s.add_argument("--preset", help="default: tiny on CPU, small/medium on GPU")
+    s.add_argument("--batch-sizes", help="e.g. 4,8,16 (default: half, preset, double)")
+    s.add_argument("--seq-lens", help="e.g. 128,256 (default: the preset's)")
+    s.add_argument("--precisions", help="e.g. fp32,bf16 (default: the device default)")
+    s.add_argument("--grad-checkpoint", default="off", help="off, on or off,on")
+    s.add_argument("--compile", default="off", help="off, on or off,on")
+    s.add_argument("--num-steps", type=int, default=20)
+    s.add_argument("--warmup-steps", type=int, default=5)
+    s.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    s.add_argument("extra", nargs="*", help="more flags for every run, after --")
+    s.set_defaults(func=cmd_sweep)
+
+    h = sub.add_parser("report", help="HTML report + Markdown summary")
+    h.add_argument("results", nargs="+", help="results folders or files")
+    h.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    h.add_argument("--ceilings", help="JSON from the ceilings command")
+    h.add_argument("--kernels", action="append", metavar="LABEL=CSV")
+    h.add_argument("--title", default="Tiny LLaMA workshop: results")
+    h.set_defaults(func=cmd_report)
+
+    g = sub.add_parser("regress", help="compare with a baseline; exit 1 on regression")
+    g.add_argument("results", nargs="+", help="new results JSONs or folders")
+    g.add_argument("--baseline", required=True, help="baseline results JSON or folder")
+    g.add_argument("--tolerance", help="e.g. throughput=0.05,memory=0.10,loss=0.02 (fractions)")
+    g.set_defaults(func=cmd_regress)
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except (AnalysisError, WorkshopError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Shared bits of the analysis commands: loading results, labels, plotting setup."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: works on headless servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.config import ModelConfig  # noqa: E402
+from harness.results import SchemaError, load  # noqa: E402
+
+
+class AnalysisError(ValueError):
+    """Bad input for an analysis command: reported as one line, exit code 2."""
+
+
+def result_paths(paths) -> list[Path]:
+    """Expand folders into the results JSONs they contain (sorted, non-recursive)."""
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.json") if not q.name.startswith("."))
+            if not found:
+                raise AnalysisError(f"{p}: no results JSON files in this folder")
+            out += found
+        else:
+            out.append(p)
+    if not out:
+        raise AnalysisError("no results given")
+    return out
+
+
+def load_results(paths) -> list[dict]:
+    """Load and validate results; a bad file raises AnalysisError with one line."""
+    loaded = []
+    for path in result_paths(paths):
+        try:
+            result = load(path)
+        except SchemaError as e:
+            raise AnalysisError(str(e)) from None
+        result["_path"] = str(path)
+        loaded.append(result)
+    return loaded
+
+
+def model_config(result: dict) -> ModelConfig:
+    return ModelConfig(**result["config"])
+
+
+def run_label(result: dict) -> str:
+    """Short name of a run for tables and legends: 'v1 medium bf16 +compile'."""
+    run = result["run"]
+    extras = [flag for flag, on in (("compile", run.get("compile")),
+                                    ("ckpt", run.get("grad_checkpoint"))) if on]
+    size = run.get("preset") or f"b{run['batch_size']}xT{run['seq_len']}"
+    return " ".join([result["version"], size, run["precision"], *(f"+{e}" for e in extras)])
+
+
+def unique_labels(results: list[dict]) -> list[str]:
+    """run_label, made unique with the file name (or a number) where runs share one."""
+    labels = [run_label(r) for r in results]
+    counts = {label: labels.count(label) for label in labels}
+    out = []
+    for i, (label, r) in enumerate(zip(labels, results)):
+        if counts[label] > 1:
+            label += f" ({Path(r['_path']).stem})" if "_path" in r else f" #{i + 1}"
+        out.append(label)
+    return out
+
+
+def peak_memory_mb(result: dict) -> float | None:
+    mem = result["memory"]
+    return mem.get("peak_allocated_mb", mem.get("peak_rss_mb"))
+
+
+def memory_kind(result: dict) -> str:
+    return "allocated (GPU)" if "peak_allocated_mb" in result["memory"] else "process RSS (CPU)"
+
+
+def save_figure(fig, out_dir, name: str) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: dict | None = None) -> str:
+    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate)."""
+    floatfmt = floatfmt or {}
+
+    def cell(col, value):
+        if value is None or (isinstance(value, float) and pd.isna(value)):
+            return "n/a"
+        if isinstance(value, float):
+            return format(value, floatfmt.get(col, ".4g"))
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |",
+             "|" + "|".join("---" for _ in df.columns) + "|"]
+    for _, row in df.iterrows():
+        lines.append("| " + " | ".join(cell(c, row[c]) for c in df.columns) + " |")
+    return "\n".join(lines)
+
+
+def text_table(df: pd.DataFrame, floatfmt: dict | None = None) -> str:
+    """Plain text for the terminal, with the same number formats as the Markdown."""
+    floatfmt = floatfmt or {}
+    shown = df.copy().astype(object)
+    for col in shown.columns:
+        shown[col] = [("n/a" if v is None or (isinstance(v, float) and pd.isna(v)) else
+                       format(v, floatfmt.get(col, ".4g")) if isinstance(v, float) else str(v))
+                      for v in df[col]]
+    return shown.to_string(index=False)
+
+
+def parse_kv_list(text: str, what: str) -> dict[str, float]:
+    """'throughput=0.05,memory=0.1' -> {'throughput': 0.05, 'memory': 0.1}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise AnalysisError(f"{what}: expected NAME=NUMBER, got {part!r}") from None
+        if not sep:
+            raise AnalysisError(f"{what}: expected NAME=NUMBER, got {part!r}")
+    return out
+
+
+def out_dir_default() -> Path:
+    return Path(os.environ.get("ANALYSIS_OUT", "results/analysis"))

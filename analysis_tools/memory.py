@@ -1,0 +1,500 @@
+"""memory: predict the peak memory of a training step, and check the prediction.
+
+Seeds 000/001 estimate memory by hand ("weights + gradients + 2x for AdamW +
+some activations"); this module does the same bookkeeping carefully enough to
+land within ~15% of `torch.cuda.max_memory_allocated`. docs/ANALYSIS.md walks
+through the derivation; in short, at any moment of a step the live bytes are
+
+    persistent  fp32 weights (4 B/param) + AdamW's two fp32 moments (8 B/param)
+                + bf16/fp16 copies of every matmul weight (autocast casts each
+                  weight once per forward and autograd keeps the copy for backward)
+    activations what autograd saved for backward, per block (listed item by item
+                  below: with explicit attention the T x T probabilities dominate,
+                  flash attention saves only q, k, v, the output and a log-sum-exp)
+    gradients   fp32, appearing during backward (they are None in forward:
+                  the trainer zeroes them with set_to_none=True)
+    transients  short-lived buffers: logits and their gradient, the softmax
+                  gradients of one block, the optimizer's scratch space
+
+and the peak is the largest of a few candidate *moments* (end of forward,
+start of backward, the last block's attention backward, the optimizer step).
+
+Everything here is checked on the CPU (tests): parameter, gradient and
+optimizer-state bytes exactly on the real models, saved activations against
+autograd's saved-tensor hooks, and the whole-step peak against a tracker of
+live tensor storages (`trace_step`). The GPU comparison is
+`benchmarks/gpu/analysis.sh`.
+"""
+from __future__ import annotations
+
+import importlib
+import types
+import weakref
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from harness import flops
+from harness.config import PRESETS, ModelConfig
+
+from .common import AnalysisError, load_results, model_config, peak_memory_mb, plt, save_figure, unique_labels
+
+MiB = 1024 * 1024
+BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+VERSION_MODULES = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_llama_v2",
+                   "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
+
+
+# ---------------------------------------------------------------- implementations
+@dataclass(frozen=True)
+class Implementation:
+    """The choices of a version that change what autograd keeps alive."""
+    attention: str = "explicit"   # explicit: T x T scores in memory; flash: never materialised
+    fused_qkv: bool = False       # one x@W_qkv: one cast copy of the input instead of three
+    fused_gate_up: bool = False   # one x@W_gate_up: one cast copy instead of two
+    fused_norm: bool = False      # RMSNorm kernel saving only its input and 1/rms
+    fused_swiglu: bool = False    # silu(g)*u kernel saving only g and u
+    gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
+    optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
+
+    def describe(self) -> str:
+        fused = [n for n in ("qkv", "gate_up", "norm", "swiglu") if getattr(self, f"fused_{n}")]
+        return (f"{self.attention} attention, fused: {', '.join(fused) or 'none'}, "
+                f"AdamW {self.optimizer}")
+
+
+_V2 = Implementation(fused_qkv=True, fused_gate_up=True, fused_norm=True)
+IMPLEMENTATIONS = {"v1": Implementation(), "v2": _V2,
+                   "v3": replace(_V2, attention="flash", gqa_native=True),
+                   "v4": replace(_V2, attention="flash", gqa_native=True)}
+
+
+def implementation_for(version: str, options: dict | None = None, run: dict | None = None,
+                       device_type: str = "cuda") -> Implementation:
+    """A version's defaults, corrected by the switches its results JSON records."""
+    impl = IMPLEMENTATIONS.get(version, Implementation())
+    for key, value in (options or {}).items():
+        key = key.lower()
+        if isinstance(value, bool):
+            if "qkv" in key:
+                impl = replace(impl, fused_qkv=value)
+            elif "gate_up" in key or "mlp" in key:
+                impl = replace(impl, fused_gate_up=value)
+            elif "norm" in key:
+                impl = replace(impl, fused_norm=value)
+            elif "swiglu" in key or "silu" in key:
+                impl = replace(impl, fused_swiglu=value)
+        elif isinstance(value, str) and ("sdpa" in key or "attention" in key) and "math" in value.lower():
+            impl = replace(impl, attention="explicit")  # SDPA's math backend materialises scores
+    if device_type == "cpu" and version != "v3":
+        # F.rms_norm has a fused kernel on GPUs only; on the CPU it is V1's maths.
+        impl = replace(impl, fused_norm=False)
+    choice = (run or {}).get("optimizer", "default")
+    if choice == "fused" and device_type == "cuda":
+        impl = replace(impl, optimizer="fused")
+    elif choice in ("foreach", "fused") or (choice == "default" and device_type == "cuda"):
+        impl = replace(impl, optimizer="foreach")  # torch's default on GPUs
+    else:
+        impl = replace(impl, optimizer="single")   # torch's default on the CPU
+    return impl
+
+
+# ---------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class Shape:
+    cfg: ModelConfig
+    batch: int
+    seq: int
+    precision: str
+
+    @property
+    def a(self) -> int:          # bytes of an activation inside matmuls (autocast dtype)
+        return BYTES[self.precision]
+
+    @property
+    def n(self) -> int:          # tokens in the batch
+        return self.batch * self.seq
+
+    @property
+    def scores(self) -> int:     # elements of one block's attention score matrices
+        return self.batch * self.cfg.num_heads * self.seq * self.seq
+
+
+def _norm(sh: Shape, impl: Implementation, name: str) -> dict:
+    nd = sh.n * sh.cfg.hidden_dim
+    out = {f"{name}: 1/rms (fp32)": sh.n * 4}
+    if not impl.fused_norm:
+        out[f"{name}: normalised x (fp32)"] = nd * 4
+    return out
+
+
+def _linear_inputs(sh: Shape, copies: int, name: str) -> dict:
+    """What matmuls keep of their input: one bf16 cast per projection under autocast
+    (activations are not cached like weights), or the fp32 tensor itself."""
+    nd = sh.n * sh.cfg.hidden_dim
+    if sh.a == 4:
+        return {f"{name} input (fp32)": nd * 4}
+    return {f"{name} input, {copies} cast cop{'y' if copies == 1 else 'ies'}": copies * nd * sh.a}
+
+
+def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
+    """Bytes saved for backward by one transformer block: (attention half, MLP half)."""
+    c, a, n = sh.cfg, sh.a, sh.n
+    nd, hd = n * c.hidden_dim, c.head_dim
+    q = n * c.num_heads * hd * a
+    kv_heads = c.num_kv_heads if (impl.gqa_native and impl.attention == "flash") else c.num_heads
+    attn = {"block input x (fp32 residual)": nd * 4, **_norm(sh, impl, "attn norm"),
+            **_linear_inputs(sh, 1 if impl.fused_qkv else 3, "q/k/v proj")}
+    if impl.attention == "explicit":
+        attn["q, k, v after RoPE (k, v repeated to all heads)"] = 3 * q
+        attn["softmax output P (fp32)"] = sh.scores * 4
+        if a != 4:
+            attn["P cast for P@V"] = sh.scores * a
+        attn["causal mask (bool)"] = sh.seq * sh.seq
+    else:
+        k = n * kv_heads * hd * a
+        # A saved view keeps its whole storage alive: v sliced from a fused qkv
+        # output keeps all of q, k and v of that projection.
+        v = n * (c.num_heads + 2 * c.num_kv_heads) * hd * a if impl.fused_qkv else k
+        attn["q, k after RoPE"] = q + k
+        attn["v (its whole projection output)" if impl.fused_qkv else "v"] = v
+        attn["attention output + log-sum-exp"] = q + sh.batch * c.num_heads * sh.seq * 4
+    attn["o_proj input (heads merged)"] = q
+    nf = n * c.ffn_dim
+    mlp = {"residual after attention (fp32)": nd * 4, **_norm(sh, impl, "mlp norm"),
+           **_linear_inputs(sh, 1 if impl.fused_gate_up else 2, "gate/up proj"),
+           "gate and up outputs": 2 * nf * a}
+    if not impl.fused_swiglu:
+        mlp["silu(gate)"] = nf * a
+    mlp["down_proj input silu(gate)*up"] = nf * a
+    return attn, mlp
+
+
+def head_activations(sh: Shape, impl: Implementation) -> dict:
+    n, v = sh.n, sh.cfg.vocab_size
+    return {"final norm input (fp32)": n * sh.cfg.hidden_dim * 4, **_norm(sh, impl, "final norm"),
+            **_linear_inputs(sh, 1, "lm_head"), "log-softmax of logits (fp32)": n * v * 4,
+            "token ids (int64, inputs + targets)": 2 * n * 8}
+
+
+def persistent(sh: Shape, impl: Implementation) -> dict:
+    p = flops.total_params(sh.cfg)
+    out = {"parameters (fp32)": p * 4, "AdamW exp_avg + exp_avg_sq (fp32)": 2 * p * 4}
+    if sh.a != 4:
+        out["bf16/fp16 weight copies (autocast)"] = flops.matmul_params(sh.cfg) * sh.a
+    return out
+
+
+def optimizer_scratch(sh: Shape, impl: Implementation) -> int:
+    p = flops.total_params(sh.cfg)
+    if impl.optimizer == "foreach":
+        return p * 4  # _foreach_sqrt(exp_avg_sq): one fp32 copy of every parameter
+    if impl.optimizer == "single":
+        c = sh.cfg
+        return max(c.vocab_size * c.hidden_dim, c.ffn_dim * c.hidden_dim) * 4  # largest tensor
+    return 0
+
+
+def workspace_bytes(device: str | None) -> int:
+    """cuBLAS keeps a workspace in the caching allocator: 32 MiB on Hopper (sm_90)
+    and later, as torch sets it; we assume the same for hipBLASLt on ROCm."""
+    if not device or device == "cpu":
+        return 0
+    return 32 * MiB
+
+
+@dataclass
+class Prediction:
+    peak_bytes: int
+    moment: str
+    moments: dict      # moment -> bytes
+    breakdown: dict    # item -> bytes, at the peak moment
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / MiB
+
+
+def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
+            impl: Implementation | str = "v1", grad_checkpoint: bool = False,
+            grad_accum: int = 1, device: str | None = "cuda") -> Prediction:
+    """Peak bytes of a steady-state training step (optimizer state already exists)."""
+    impl = IMPLEMENTATIONS[impl] if isinstance(impl, str) else impl
+    sh = Shape(cfg, batch, seq, precision)
+    c, a, n, L = cfg, sh.a, sh.n, cfg.num_layers
+    nd, nf, nv = n * c.hidden_dim, n * c.ffn_dim, n * c.vocab_size
+    base = persistent(sh, impl)
+    if workspace_bytes(device):
+        base["BLAS workspace"] = workspace_bytes(device)
+    if grad_accum > 1:  # from the second micro-batch on, gradients are alive all the time
+        base["gradients (accumulating)"] = flops.total_params(c) * 4
+    attn, mlp = block_activations(sh, impl)
+    attn_bytes, block = sum(attn.values()), sum(attn.values()) + sum(mlp.values())
+    head = head_activations(sh, impl)
+    if grad_checkpoint:  # only each block's input is kept; backward recomputes one block at a time
+        all_blocks = {f"{L} checkpointed block inputs (fp32)": L * nd * 4}
+        before_last = all_blocks
+    else:
+        all_blocks = {f"{L} blocks of saved activations": L * block}
+        before_last = {f"{L - 1} blocks of saved activations": (L - 1) * block}
+
+    # Transients at each moment (docs/ANALYSIS.md follows the allocations and frees).
+    ce_forward = nv * a + (nv * 4 if a != 4 else 0)      # logits and their fp32 copy
+    ce_backward = 2 * nv * 4                             # d(log-softmax) and d(logits), fp32
+    if impl.attention == "explicit":
+        attn_forward = sh.scores * (a + 4 if a != 4 else 4)  # masked scores (+ their fp32 copy)
+        attn_backward = 2 * sh.scores * 4                # dP and dS around the softmax, fp32
+    else:
+        q = n * c.num_heads * c.head_dim
+        attn_forward = 0
+        attn_backward = q * 4 + 3 * q * a                # fp32 dq accumulator, dq/dk/dv
+    head_grads = (c.hidden_dim * c.vocab_size + c.hidden_dim) * 4
+    mlp_grads = (3 * c.hidden_dim * c.ffn_dim + c.hidden_dim) * 4
+    # By the softmax backward, P@V's backward has freed P's low-precision copy and
+    # o_proj's backward its input.
+    attn_left = attn_bytes - attn.get("P cast for P@V", 0) - attn["o_proj input (heads merged)"]
+
+    moments = {
+        "end of forward (loss)": {**base, **all_blocks, **head,
+                                  "logits + fp32 copy (transient)": ce_forward},
+        "start of backward (loss gradient)": {**base, **all_blocks, **head,
+                                              "d logits (transient)": ce_backward},
+        "backward of the last block's MLP": {
+            **base, **before_last, "last block's saved activations": block,
+            "gradients so far (lm_head)": head_grads, "MLP gradients (transient)": 3 * nf * a},
+        "backward of the last block's attention": {
+            **base, **before_last, "attention half of the last block": attn_left,
+            "gradients so far (lm_head, last MLP)": head_grads + mlp_grads,
+            "attention gradients (transient)": attn_backward},
+        "forward of the last block's attention": {
+            **base, **before_last, **({} if grad_checkpoint else {"attention half of the last block": attn_bytes}),
+            "scores (transient)": attn_forward},
+        "optimizer step": {**{k: v for k, v in base.items() if "copies" not in k and "accumulating" not in k},
+                           "gradients (fp32)": flops.total_params(c) * 4,
+                           f"AdamW scratch ({impl.optimizer})": optimizer_scratch(sh, impl)},
+    }
+    totals = {m: sum(items.values()) for m, items in moments.items()}
+    peak_moment = max(totals, key=totals.get)
+    return Prediction(totals[peak_moment], peak_moment, totals, moments[peak_moment])
+
+
+def predict_for_result(result: dict) -> Prediction:
+    run, device = result["run"], result["device"]
+    impl = implementation_for(result["version"], result.get("options"), run, device["type"])
+    return predict(model_config(result), run["batch_size"], run["seq_len"], run["precision"],
+                   impl, run.get("grad_checkpoint", False), run.get("grad_accum", 1), device["type"])
+
+
+# ---------------------------------------------------------------- measuring (CPU or GPU)
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Exact bytes of parameters, gradients and optimizer state of real objects."""
+    params = list({p.data_ptr(): p for p in model.parameters()}.values())
+    grads = [p.grad for p in params if p.grad is not None]
+    state = [t for s in (optimizer.state.values() if optimizer else []) for t in s.values()
+             if torch.is_tensor(t) and t.numel() > 1]
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    return {"parameters": size(params), "gradients": size(grads), "optimizer_state": size(state)}
+
+
+def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor, precision: str) -> dict:
+    """Bytes autograd saves for backward in one forward + loss, from saved-tensor hooks.
+
+    Distinct storages only (views share them); parameters are excluded and
+    low-precision weight copies reported separately.
+    """
+    from harness.trainer import autocast_for
+
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, tuple] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in param_ptrs and ptr not in seen:
+            seen[ptr] = (storage.nbytes(), _is_weight_copy(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with autocast_for(precision, ids.device):
+            logits = model(ids)
+        torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), ids.reshape(-1))
+    return {"activations": sum(b for b, copy in seen.values() if not copy),
+            "weight_copies": sum(b for b, copy in seen.values() if copy)}
+
+
+def _is_weight_copy(t: torch.Tensor) -> bool:
+    """A cast (or transposed view of a cast) of a parameter: its autograd history
+    leads straight to a leaf through copies and views only."""
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None:
+            return False
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+        if not any(k in fn.name() for k in ("ToCopy", "TBackward", "View", "Transpose", "Permute")):
+            return False
+        fn = next((f for f, _ in fn.next_functions if f is not None), None)
+    return False
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Follows every tensor storage created while active and when it dies.
+
+    The CPU has no `max_memory_allocated`; this gives the same number (live
+    tensor bytes, its peak, and the operator that reached it) on any device.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, object] = {}
+        self.current = self.peak = 0
+        self.peak_op = None
+
+    def reset_peak(self):
+        self.peak, self.peak_op = self.current, None
+
+    def _free(self, key, size):
+        if self.live.pop(key, None) is not None:
+            self.current -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size and key not in self.live and key not in inputs:  # new, not a view/in-place
+                self.live[key] = weakref.ref(storage, lambda _, k=key, s=size: self._free(k, s))
+                self.current += size
+                if self.current > self.peak:
+                    self.peak, self.peak_op = self.current, str(func)
+        return out
+
+
+def load_version(version: str):
+    try:
+        return importlib.import_module(VERSION_MODULES[version])
+    except KeyError:
+        raise AnalysisError(f"unknown version {version!r} (choose from {', '.join(VERSION_MODULES)})") from None
+    except ModuleNotFoundError:
+        raise AnalysisError(f"{version} is not in this checkout yet") from None
+
+
+def trace_step(version: str, cfg: ModelConfig, batch: int, seq: int, precision: str = "fp32",
+               device: str = "cpu", grad_checkpoint: bool = False, optimizer: str = "default",
+               options: dict | None = None) -> dict:
+    """Run two real training steps of a version and measure the second one's peak.
+
+    Everything (model, optimizer state, activations) is created under the
+    tracker, so its peak is comparable with max_memory_allocated.
+    """
+    from harness import trainer
+
+    module = load_version(version)
+    dev = torch.device(device)
+    trainer.configure_matmul_precision(precision)
+    settings = types.SimpleNamespace(learning_rate=1e-4, optimizer=optimizer)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=gen).to(dev)
+    with LiveTensorTracker() as tracker:
+        model = module.build_model(cfg, **(options or {})).to(dev)
+        if grad_checkpoint:
+            trainer.enable_grad_checkpointing(model)
+        opt = trainer.make_optimizer(model, settings, dev)
+        for step in range(2):
+            if step == 1:
+                tracker.reset_peak()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                    torch.cuda.reset_peak_memory_stats(dev)
+                    start_cuda = torch.cuda.memory_allocated(dev)
+            opt.zero_grad(set_to_none=True)
+            with trainer.autocast_for(precision, dev):
+                logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                     ids[:, 1:].reshape(-1))
+            del logits
+            loss.backward()
+            opt.step()
+        out = {"peak_bytes": tracker.peak, "peak_op": tracker.peak_op,
+               **state_bytes(model, opt)}
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
+        out["cuda_allocated_before_step_bytes"] = start_cuda
+    return out
+
+
+# ---------------------------------------------------------------- command
+def memory_table(results: list[dict]) -> pd.DataFrame:
+    rows = []
+    for label, r in zip(unique_labels(results), results):
+        pred = predict_for_result(r)
+        measured = peak_memory_mb(r)
+        gpu = "peak_allocated_mb" in r["memory"]
+        rows.append({"run": label, "predicted MiB": pred.peak_mib,
+                     "measured MiB": measured if gpu else None,
+                     "error %": (pred.peak_mib / measured - 1) * 100 if gpu and measured else None,
+                     "peak moment": pred.moment,
+                     "note": "" if gpu else f"CPU run: RSS {measured:,.0f} MiB includes the runtime"})
+    return pd.DataFrame(rows)
+
+
+def breakdown_table(pred: Prediction) -> pd.DataFrame:
+    df = pd.DataFrame({"component": list(pred.breakdown), "MiB": [b / MiB for b in pred.breakdown.values()]})
+    return df.sort_values("MiB", ascending=False, ignore_index=True)
+
+
+def plot_memory_model(results: list[dict], out_dir, name="memory_model.png"):
+    """Stacked predicted components (persistent / activations / transient) vs the measured bar."""
+    labels = unique_labels(results)
+    groups = {"weights + AdamW state": ("parameters", "AdamW exp", "workspace"),
+              "weight copies": ("copies",), "gradients": ("grad",), "transients": ("transient", "scratch")}
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results) + 2), 4.5))
+    x = range(len(results))
+    stacks = {g: [] for g in [*groups, "activations"]}
+    for r in results:
+        pred = predict_for_result(r)
+        sums = dict.fromkeys(stacks, 0.0)
+        for item, b in pred.breakdown.items():
+            group = next((g for g, keys in groups.items() if any(k in item for k in keys)), "activations")
+            sums[group] += b / MiB
+        for g in stacks:
+            stacks[g].append(sums[g])
+    bottom = [0.0] * len(results)
+    for g, values in stacks.items():
+        ax.bar([i - 0.2 for i in x], values, width=0.4, bottom=bottom, label=f"predicted: {g}")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    measured = [peak_memory_mb(r) if "peak_allocated_mb" in r["memory"] else float("nan") for r in results]
+    ax.bar([i + 0.2 for i in x], measured, width=0.4, color="black", label="measured peak allocated")
+    ax.set_xticks(list(x), labels, rotation=20)
+    ax.set_ylabel("memory (MiB)")
+    ax.set_title("Peak memory: model vs measurement")
+    ax.legend(fontsize=7)
+    return save_figure(fig, out_dir, name)
+
+
+def memory_for_results(paths_or_results, out_dir=None) -> dict:
+    results = (paths_or_results if paths_or_results and isinstance(paths_or_results[0], dict)
+               else load_results(paths_or_results))
+    out = {"table": memory_table(results), "results": results, "plots": []}
+    if out_dir is not None:
+        out["plots"].append(plot_memory_model(results, out_dir))
+    return out
+
+
+def predict_preset(preset: str, version: str = "v1", batch: int | None = None, seq: int | None = None,
+                   precision: str = "bf16", grad_checkpoint: bool = False,
+                   device: str = "cuda") -> Prediction:
+    if preset not in PRESETS:
+        raise AnalysisError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    p = PRESETS[preset]
+    impl = implementation_for(version, None, {"optimizer": "default"}, device)
+    return predict(p.model, batch or p.batch_size, seq or p.seq_len, precision, impl,
+                   grad_checkpoint, 1, device)

@@ -1,0 +1,143 @@
+"""sweep: run one version over a grid of batch size, sequence length, precision,
+gradient checkpointing and torch.compile, and plot throughput and memory.
+
+This is seed 000's micro-benchmark plan ("test batch sizes 1..8, measure
+tokens/s and memory, then precision, then checkpointing") done on this model,
+one subprocess per point through the version's own command line, so a crash or
+an out-of-memory (exit 3) costs one point, not the sweep.
+"""
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness.config import PRESETS
+from harness.errors import EXIT_CODES
+from harness.results import SchemaError, load
+from harness.workshop import REPO, VERSIONS
+
+from .common import AnalysisError, plt, save_figure
+
+GRID_AXES = ("batch_size", "seq_len", "precision", "grad_checkpoint", "compile")
+
+
+def version_script(version: str) -> Path:
+    scripts = dict(VERSIONS)
+    if version in scripts:
+        path = REPO / scripts[version]
+        if not path.exists():
+            raise AnalysisError(f"{version} is not in this checkout ({scripts[version]} is missing)")
+        return path
+    path = Path(version)
+    if path.suffix == ".py" and path.exists():
+        return path
+    raise AnalysisError(f"unknown version {version!r}: use one of {', '.join(scripts)} or a script path")
+
+
+def grid(preset: str, batch_sizes=None, seq_lens=None, precisions=None, grad_checkpoint=(False,),
+         compile=(False,)) -> list[dict]:
+    p = PRESETS[preset]
+    batch_sizes = batch_sizes or sorted({max(1, p.batch_size // 2), p.batch_size, p.batch_size * 2})
+    axes = [batch_sizes, seq_lens or [p.seq_len], precisions or [None], grad_checkpoint, compile]
+    return [dict(zip(GRID_AXES, values)) for values in itertools.product(*axes)]
+
+
+def point_name(version: str, point: dict) -> str:
+    parts = [Path(version).stem if version.endswith(".py") else version,
+             f"b{point['batch_size']}", f"s{point['seq_len']}", point["precision"] or "default"]
+    parts += [flag for flag in ("grad_checkpoint", "compile") if point[flag]]
+    return "_".join(parts)
+
+
+def point_command(script: Path, preset: str, point: dict, output: Path, num_steps: int,
+                  warmup_steps: int, extra=()) -> list[str]:
+    cmd = [sys.executable, str(script), "--preset", preset, "--batch-size", str(point["batch_size"]),
+           "--seq-len", str(point["seq_len"]), "--num-steps", str(num_steps),
+           "--warmup-steps", str(warmup_steps), "--output", str(output), "--quiet"]
+    if point["seq_len"] > PRESETS[preset].model.max_seq_len:
+        cmd += ["--max-seq-len", str(point["seq_len"])]  # same weights: RoPE has no table size
+    if point["precision"]:
+        cmd += ["--precision", point["precision"]]
+    cmd += ["--grad-checkpoint"] * bool(point["grad_checkpoint"]) + ["--compile"] * bool(point["compile"])
+    return cmd + list(extra)
+
+
+def run_sweep(version: str, preset: str, points: list[dict], out_dir, num_steps: int = 20,
+              warmup_steps: int = 5, extra=(), timeout: int = 900, say=print) -> pd.DataFrame:
+    """Run every point; a failed point is a row with its status, never an exception."""
+    if preset not in PRESETS:
+        raise AnalysisError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    script = version_script(version)
+    out_dir = Path(out_dir)
+    rows = []
+    for i, point in enumerate(points, 1):
+        output = out_dir / "points" / f"{point_name(version, point)}.json"
+        cmd = point_command(script, preset, point, output, num_steps, warmup_steps, extra)
+        row = {**point, "precision": point["precision"] or "default", "status": "ok", "exit": 0, "tokens_per_s": None, "peak_mb": None,
+               "step_ms": None, "mfu_pct": None, "message": "", "results": str(output)}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            row["exit"] = proc.returncode
+        except subprocess.TimeoutExpired:
+            row.update(status="timeout", exit=None, message=f"no result within {timeout} s")
+            proc = None
+        if proc is not None and proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            row.update(status="oom" if proc.returncode == 3 else
+                       f"failed ({EXIT_CODES.get(proc.returncode, f'exit {proc.returncode}')})",
+                       message=last[:200])
+        elif proc is not None:
+            try:
+                r = load(output)
+                mem = r["memory"]
+                row.update(tokens_per_s=r["throughput"]["tokens_per_s"],
+                           peak_mb=mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
+                           step_ms=r["timing_ms"]["step"]["median"],
+                           mfu_pct=r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None)
+            except SchemaError as e:
+                row.update(status="failed (bad results)", message=str(e))
+        say(f"  [{i}/{len(points)}] {point_name(version, point)}: {row['status']}"
+            + (f", {row['tokens_per_s']:,.0f} tok/s, {row['peak_mb']:,.0f} MB" if row["tokens_per_s"] else
+               f" - {row['message']}" if row["message"] else ""))
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_dir / "sweep.csv", index=False)
+    return df
+
+
+def _x_axis(df: pd.DataFrame) -> str:
+    varying = [a for a in ("batch_size", "seq_len") if df[a].nunique() > 1]
+    return varying[0] if varying else "batch_size"
+
+
+def plot_sweep(df: pd.DataFrame, out_dir, version: str) -> list[Path]:
+    x = _x_axis(df)
+    others = [a for a in GRID_AXES if a != x and df[a].nunique() > 1]
+    paths = []
+    for metric, ylabel, name in (("tokens_per_s", "throughput (tokens/s)", "sweep_throughput.png"),
+                                 ("peak_mb", "peak memory (MiB)", "sweep_memory.png")):
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for key, group in (df.groupby(others) if others else [((), df)]):
+            key = key if isinstance(key, tuple) else (key,)
+            label = ", ".join(f"{a}={v}" for a, v in zip(others, key)) or version
+            ok = group[group["status"] == "ok"].sort_values(x)
+            line = ax.plot(ok[x], ok[metric], marker="o", label=label)[0]
+            failed = group[group["status"] != "ok"]
+            for _, row in failed.iterrows():  # failed points: a cross on the axis, with the reason
+                ax.scatter(row[x], 0.02, marker="x", color=line.get_color(), s=60,
+                           transform=ax.get_xaxis_transform())
+                ax.annotate(row["status"].split(" ")[0], (row[x], 0.05), fontsize=7,
+                            xycoords=("data", "axes fraction"), ha="center")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{version}: {ylabel.split(' (')[0]} vs {x.replace('_', ' ')} (x = failed point)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, out_dir, name))
+    return paths

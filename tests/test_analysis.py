@@ -1,0 +1,312 @@
+"""analysis_tools: compare, ceilings, roofline, sweep, report, regress - on a real
+CPU run of V1 and on synthetic variants of it (planted problems included).
+The memory model has its own file, test_analysis_memory.py."""
+import contextlib
+import copy
+import io
+import json
+import textwrap
+import types
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, run_cli
+from harness import flops
+from harness.config import PRESETS
+from harness.results import load, write_atomic
+
+H100 = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "backend": "cuda", "arch": "sm_90"}
+
+
+@pytest.fixture(scope="module")
+def v1_path(tmp_path_factory):
+    """One real V1 run on the CPU, shared by every test of this module."""
+    out = tmp_path_factory.mktemp("runs") / "v1.json"
+    proc = run_cli([REPO / "version1_baseline/tiny_llama_v1.py", "--preset", "tiny", "--num-steps", "8",
+                    "--warmup-steps", "2", "--output", out, "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def v1(v1_path):
+    return load(v1_path)
+
+
+def variant(base: dict, path, **changes) -> dict:
+    """A copy of a results dict with dotted keys changed ('timing_ms.backward.median'),
+    written (and validated) to `path`."""
+    r = copy.deepcopy(base)
+    r.pop("_path", None)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = r
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    write_atomic(path, r)
+    return r
+
+
+def faster(base, path, version="v4", factor=2.0, **changes):
+    t = base["timing_ms"]
+    return variant(base, path, version=version,
+                   **{"throughput.tokens_per_s": base["throughput"]["tokens_per_s"] * factor,
+                      "timing_ms.step.median": t["step"]["median"] / factor,
+                      "timing_ms.forward.median": t["forward"]["median"] / factor,
+                      "timing_ms.backward.median": t["backward"]["median"] / factor, **changes})
+
+
+def analysis(*args, **kw):
+    """The command line in a fresh process, as an attendee types it."""
+    return run_cli(["-m", "analysis_tools", *map(str, args)], **kw)
+
+
+def cli(*args):
+    """The same command line in this process (no interpreter start-up: faster)."""
+    from analysis_tools.__main__ import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def assert_one_line_error(proc):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def assert_png(path):
+    assert path.exists() and path.stat().st_size > 5000, path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- compare
+def steady(base: dict, path) -> dict:
+    """The real run with textbook timings (on a busy 2-core CPU a tiny model's
+    backward can time faster than its forward, which compare rightly flags)."""
+    return variant(base, path, **{"timing_ms.forward.median": 10.0, "timing_ms.backward.median": 20.0,
+                                  "timing_ms.optimizer.median": 2.0, "timing_ms.step.median": 33.0})
+
+
+def test_compare_table_speedup_and_plots(v1, tmp_path):
+    from analysis_tools import compare_runs
+    v1_real, v1 = v1, steady(v1, tmp_path / "v1.json")
+    v4 = faster(v1, tmp_path / "v4.json", factor=2.0)
+    out = compare_runs([v1, v4], out_dir=tmp_path / "plots")
+    table = out["table"]
+    assert list(table["run"]) == ["v1 tiny fp32", "v4 tiny fp32"]
+    for column in ("tokens/s", "speedup", "fwd ms", "bwd ms", "opt ms", "MFU %", "peak MB", "final loss"):
+        assert column in table.columns
+    assert table["speedup"].tolist() == pytest.approx([1.0, 2.0])
+    assert table["final loss"].iloc[0] == pytest.approx(v1["losses"][-1])
+    assert out["flags"] == []
+    assert len(out["plots"]) == 4
+    for p in out["plots"]:
+        assert_png(p)
+    real = compare_runs([v1_real], plots=False)["table"]  # the unmodified CPU run
+    assert real["tokens/s"].iloc[0] == pytest.approx(v1_real["throughput"]["tokens_per_s"])
+
+
+@pytest.mark.parametrize("planted, needle", [
+    ({"timing_ms.backward.median": 0.01}, "faster than forward"),
+    ({"gradient_guard": {"passed": False, "checked_params": 0}}, "gradient-flow guard"),
+    ({"run.precision": "bf16"}, "different precisions"),
+    ({"run.seq_len": 16}, "different model configs or shapes"),
+    ({"mfu.value": 1.7}, "above 100%"),
+])
+def test_compare_flags_planted_problems(v1, tmp_path, planted, needle):
+    from analysis_tools.compare import suspicious
+    v1 = steady(v1, tmp_path / "v1.json")
+    assert suspicious([v1, faster(v1, tmp_path / "good.json")]) == []
+    bad = faster(v1, tmp_path / "bad.json", **planted)
+    flags = suspicious([v1, bad])
+    assert any(needle in f for f in flags), flags
+
+
+def test_compare_cli_loud_flags_and_strict(v1, v1_path, tmp_path):
+    cut = faster(v1, tmp_path / "v3.json", version="v3", factor=3.0,
+                 **{"timing_ms.backward.median": 0.001})
+    assert cut["version"] == "v3"
+    proc = analysis("compare", v1_path, tmp_path / "v3.json", "--out-dir", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert "SUSPICIOUS" in proc.stdout and "faster than forward" in proc.stdout
+    assert "v3 tiny fp32" in proc.stdout and "3.00" in proc.stdout
+    strict = analysis("compare", v1_path, tmp_path / "v3.json", "--no-plots", "--strict")
+    assert strict.returncode == 1
+
+
+def test_bad_input_is_one_line(v1, tmp_path):
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"schema_version": 1,')
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**{k: v for k, v in v1.items() if k != "_path"}, "schema_version": 0}))
+    assert_one_line_error(analysis("compare", corrupt, "--no-plots"))  # a real process
+    for path in (tmp_path / "missing.json", corrupt, old):
+        assert_one_line_error(cli("compare", path, "--no-plots"))
+    assert_one_line_error(cli("report", corrupt, "--out-dir", tmp_path / "r"))
+    assert_one_line_error(cli("regress", "--baseline", old, corrupt))
+    assert_one_line_error(cli("memory", tmp_path / "missing.json"))
+    assert_one_line_error(cli("roofline", "--ceilings", corrupt, "--out-dir", tmp_path))
+    assert_one_line_error(cli("sweep", "--version", "v9", "--preset", "tiny"))
+    assert_one_line_error(cli("compare"))  # argparse errors are one line too
+
+
+# ---------------------------------------------------------------- ceilings
+def test_ceiling_probes_on_cpu():
+    from harness.ceilings import measure_copy_gbs, measure_matmul_tflops
+    assert measure_matmul_tflops("cpu", "fp32") > 0
+    assert measure_copy_gbs("cpu", 1 << 22) > 0
+
+
+def test_ceilings_cli_writes_json(tmp_path):
+    proc = cli("ceilings", "--device", "cpu", "--precisions", "fp32", "--out-dir", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "ceilings.json").read_text())
+    assert data["measured"]["matmul_tflops"]["fp32"] > 0 and data["measured"]["copy_gbs"] > 0
+    assert data["datasheet"] is None and "H100" in data["datasheet_table"]
+    assert "matmul fp32" in proc.stdout
+
+
+# ---------------------------------------------------------------- roofline
+def test_analytic_ops_agree_with_the_harness_flop_model():
+    from analysis_tools.ops import training_ops
+    cfg, b, t = PRESETS["medium"].model, 16, 512
+    explicit = training_ops(cfg, b, t, "bf16", "explicit").set_index("op")
+    flash = training_ops(cfg, b, t, "bf16", "flash").set_index("op")
+    gemm = explicit[explicit["category"] == "gemm"]["flops"].sum()
+    assert gemm == 6 * flops.matmul_params(cfg) * b * t
+    # explicit attention + GEMMs = the harness's model FLOPs (no causal discount)
+    assert gemm + explicit.loc["attention (explicit T x T)", "flops"] == flops.step_flops(cfg, b, t)
+    kernel = flops.attention_kernel_flops(cfg, b, t)
+    assert flash.loc["attention (flash, causal)", "flops"] == kernel["forward"] + kernel["backward"]
+    # not materialising T x T scores is what moves attention right on the roofline
+    assert (flash.loc["attention (flash, causal)", "intensity"]
+            > 3 * explicit.loc["attention (explicit T x T)", "intensity"])
+    assert explicit.loc["rmsnorm", "intensity"] < 2 and explicit.loc["lm_head", "intensity"] > 50
+
+
+def test_roofline_with_ceilings_kernels_and_runs(v1, v1_path, tmp_path):
+    from analysis_tools import draw_roofline
+    gpu = faster(v1, tmp_path / "v4_gpu.json", device={**v1["device"], **H100},
+                 **{"run.precision": "bf16", "flops.achieved_tflops": 12.5})
+    ceilings = tmp_path / "ceilings.json"
+    ceilings.write_text(json.dumps({"device": H100, "measured": {
+        "matmul_tflops": {"bf16": 780.0}, "copy_gbs": 3000.0}}))
+    kernels = tmp_path / "kernels.csv"
+    pd.DataFrame({"name": ["sm90_gemm", "softmax", "elementwise_mul"],
+                  "category": ["gemm", "attention", "elementwise"], "calls": [10, 5, 5],
+                  "total_time_us": [100.0, 40.0, 10.0], "share": [0.67, 0.27, 0.06],
+                  "flops": [5e10, 1e8, None], "bytes": [2e8, 4e8, None]}).to_csv(kernels, index=False)
+    out = draw_roofline([gpu], ceilings_path=ceilings, kernel_tables={"v1": kernels}, out_dir=tmp_path)
+    labels = [c["label"] for c in out["ceilings"]]
+    assert any("H100 datasheet" in l for l in labels) and any("measured" in l for l in labels)
+    k = out["kernels"].set_index("name")
+    assert k.loc["sm90_gemm", "intensity"] == pytest.approx(250)
+    assert k.loc["sm90_gemm", "achieved_tflops"] == pytest.approx(500)
+    assert pd.isna(k.loc["elementwise_mul", "intensity"])  # no FLOPs: tolerated, not plotted
+    assert out["steps"]["achieved_tflops"].iloc[0] == pytest.approx(12.5)
+    assert_png(out["plot"])
+    out_cli = cli("roofline", v1_path, "--measure-ops", "--kernels", f"v1={kernels}",
+                   "--out-dir", tmp_path / "cli")
+    assert out_cli.returncode == 0, out_cli.stderr
+    assert "attention (flash, causal)" in out_cli.stdout and "SDPA math backend" in out_cli.stdout
+    assert "1 kernels have no FLOPs" in out_cli.stdout
+    assert_png(tmp_path / "cli" / "roofline.png")
+    measured = pd.read_csv(tmp_path / "cli" / "roofline_measured_ops.csv")
+    assert (measured["achieved_tflops"] > 0).all()
+
+
+def test_roofline_rejects_a_table_without_names(tmp_path):
+    bad = tmp_path / "k.csv"
+    bad.write_text("kernel,time\nfoo,1\n")
+    assert_one_line_error(cli("roofline", "--kernels", f"x={bad}", "--out-dir", tmp_path))
+
+
+# ---------------------------------------------------------------- sweep
+FAKE_VERSION = textwrap.dedent("""
+    # Stands in for a version CLI: parses the real flags, fails like the real one.
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    from harness.cli import build_parser
+    from harness.results import write_atomic
+    args = build_parser("v1", "fake").parse_args(sys.argv[1:])
+    if args.batch_size >= 8:
+        print("error: out of memory (peak allocated 79.1 GiB) at batch 8", file=sys.stderr)
+        sys.exit(3)
+    r = json.load(open({template!r}))
+    r["run"].update(batch_size=args.batch_size, seq_len=args.seq_len)
+    r["throughput"]["tokens_per_s"] = 1000.0 * args.batch_size
+    r["memory"] = {{"peak_allocated_mb": 100.0 * args.batch_size}}
+    write_atomic(args.output, r)
+""")
+
+
+def test_sweep_records_failed_points_and_plots(v1_path, tmp_path):
+    fake = tmp_path / "fake_version.py"
+    fake.write_text(FAKE_VERSION.format(repo=str(REPO), template=str(v1_path)))
+    proc = cli("sweep", "--version", fake, "--preset", "tiny", "--batch-sizes", "2,4,8",
+                    "--grad-checkpoint", "off,on", "--num-steps", "3", "--warmup-steps", "1",
+                    "--out-dir", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / "sweep_fake_version_tiny"
+    df = pd.read_csv(folder / "sweep.csv")
+    assert len(df) == 6
+    assert (df[df["batch_size"] == 8]["status"] == "oom").all()
+    assert df[df["batch_size"] == 8]["message"].str.contains("out of memory").all()
+    ok = df[df["status"] == "ok"].sort_values("batch_size")
+    assert ok["tokens_per_s"].tolist() == [2000.0, 2000.0, 4000.0, 4000.0]
+    for name in ("sweep_throughput.png", "sweep_memory.png"):
+        assert_png(folder / name)
+
+
+def test_sweep_runs_the_real_cli(tmp_path):
+    from analysis_tools import run_sweep, sweep_grid
+    points = sweep_grid("tiny", batch_sizes=[2], seq_lens=[16])
+    df = run_sweep("v1", "tiny", points, tmp_path, num_steps=3, warmup_steps=1, say=lambda *_: None)
+    assert df["status"].tolist() == ["ok"], df["message"].tolist()
+    r = load(df["results"][0])
+    assert (r["run"]["batch_size"], r["run"]["seq_len"]) == (2, 16)
+
+
+# ---------------------------------------------------------------- report
+def test_report_is_self_contained(v1, tmp_path):
+    runs = tmp_path / "runs"
+    variant(v1, runs / "v1.json")
+    faster(v1, runs / "v4.json")
+    sweep = runs / "sweep_v1_tiny"
+    sweep.mkdir()
+    pd.DataFrame([{"batch_size": 2, "seq_len": 32, "status": "ok", "tokens_per_s": 10.0,
+                   "results": "x.json"}]).to_csv(sweep / "sweep.csv", index=False)
+    proc = cli("report", runs, "--out-dir", tmp_path / "report")
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 6
+    assert 'src="http' not in html and "<script" not in html and "<link" not in html  # offline
+    assert "v4 tiny fp32" in html and "Sweep: sweep_v1_tiny" in html
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "| run | precision | tokens/s |" in md and "![roofline](roofline.png)" in md
+
+
+# ---------------------------------------------------------------- regress
+def test_regress_passes_on_identical_and_names_regressions(v1, v1_path, tmp_path):
+    same = cli("regress", "--baseline", v1_path, v1_path)
+    assert same.returncode == 0, same.stderr
+    assert "no regression" in same.stdout
+    slow = faster(v1, tmp_path / "slow.json", version="v1", factor=0.8)
+    fat = variant(v1, tmp_path / "fat.json", **{"memory.peak_rss_mb": v1["memory"]["peak_rss_mb"] * 1.5})
+    cut = variant(v1, tmp_path / "cut.json", gradient_guard={"passed": False, "checked_params": 0})
+    assert fat and cut and slow
+    for name, needle in (("slow", "throughput"), ("fat", "memory"), ("cut", "gradient guard")):
+        proc = cli("regress", "--baseline", v1_path, tmp_path / f"{name}.json")
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
+        assert "REGRESSION" in proc.stderr and needle in proc.stderr
+    loose = cli("regress", "--baseline", v1_path, tmp_path / "slow.json", "--tolerance", "throughput=0.5")
+    assert loose.returncode == 0, loose.stderr
+    assert_one_line_error(cli("regress", "--baseline", v1_path, v1_path, "--tolerance", "speed"))
+    other = variant(v1, tmp_path / "other.json", **{"run.batch_size": 64})
+    assert other
+    assert_one_line_error(cli("regress", "--baseline", v1_path, tmp_path / "other.json"))

@@ -1,0 +1,109 @@
+"""The memory model, checked on the CPU where it can be measured exactly:
+parameter/gradient/optimizer bytes on the real model, saved activations via
+autograd's saved-tensor hooks, and a whole step's peak via the live-tensor
+tracker. The GPU comparison (max_memory_allocated) is benchmarks/gpu/analysis.sh."""
+import pytest
+import torch
+
+from conftest import load_version
+from harness.config import PRESETS, ModelConfig
+from analysis_tools import memory as M
+
+# Big enough that the T x T scores matter, small enough for a 2-core CPU.
+CFG = ModelConfig(vocab_size=256, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                  max_seq_len=128)
+CPU_V1 = M.implementation_for("v1", None, {"optimizer": "default"}, "cpu")
+
+
+def test_parameters_gradients_and_adamw_state_exact():
+    v1 = load_version("v1")
+    torch.manual_seed(0)
+    model = v1.build_model(CFG)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, CFG.vocab_size, (2, 16))).float().sum().backward()
+    opt.step()
+    measured = M.state_bytes(model, opt)
+    predicted = M.persistent(M.Shape(CFG, 2, 16, "fp32"), CPU_V1)
+    assert measured["parameters"] == predicted["parameters (fp32)"]
+    assert measured["gradients"] == predicted["parameters (fp32)"]
+    assert measured["optimizer_state"] == predicted["AdamW exp_avg + exp_avg_sq (fp32)"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch, seq", [(4, 32), (2, 96)])
+def test_saved_activations_match_autograd(precision, batch, seq):
+    v1 = load_version("v1")
+    torch.manual_seed(0)
+    model = v1.build_model(CFG)
+    ids = torch.randint(0, CFG.vocab_size, (batch, seq))
+    measured = M.saved_activation_bytes(model, ids, precision)
+    sh = M.Shape(CFG, batch, seq, precision)
+    attn, mlp = M.block_activations(sh, CPU_V1)
+    predicted = CFG.num_layers * (sum(attn.values()) + sum(mlp.values()))
+    predicted += sum(M.head_activations(sh, CPU_V1).values())
+    # what is left out: RoPE tables, a scalar - under 1%
+    assert predicted == pytest.approx(measured["activations"], rel=0.01)
+    copies = M.persistent(sh, CPU_V1).get("bf16/fp16 weight copies (autocast)", 0)
+    assert copies == measured["weight_copies"]
+
+
+@pytest.mark.parametrize("precision, checkpoint, tolerance", [
+    ("fp32", False, 0.02), ("bf16", False, 0.02), ("bf16", True, 0.10)])
+def test_whole_step_peak_matches_traced_peak(precision, checkpoint, tolerance):
+    load_version("v1")
+    traced = M.trace_step("v1", CFG, 2, 96, precision, "cpu", grad_checkpoint=checkpoint)
+    predicted = M.predict(CFG, 2, 96, precision, CPU_V1, checkpoint, 1, "cpu")
+    assert predicted.peak_bytes == pytest.approx(traced["peak_bytes"], rel=tolerance), (
+        predicted.moment, predicted.moments, traced)
+
+
+def test_model_trends():
+    medium = PRESETS["medium"]
+    args = (medium.model, medium.batch_size, medium.seq_len, "bf16")
+    v1, v4 = M.predict(*args, "v1"), M.predict(*args, "v4")
+    assert v4.peak_bytes < 0.8 * v1.peak_bytes              # no T x T scores saved
+    assert M.predict(*args, "v1", grad_checkpoint=True).peak_bytes < 0.6 * v1.peak_bytes
+    fp32 = M.predict(medium.model, medium.batch_size, medium.seq_len, "fp32", "v1")
+    assert fp32.peak_bytes > v1.peak_bytes
+    bigger = M.predict(medium.model, 2 * medium.batch_size, medium.seq_len, "bf16", "v1")
+    assert bigger.peak_bytes > 1.6 * v1.peak_bytes           # activations dominate at medium
+    # small preset: params + AdamW state (12 B/param) are a large share of the peak
+    small = M.predict_preset("small", "v1")
+    assert small.breakdown["AdamW exp_avg + exp_avg_sq (fp32)"] > 0.2 * small.peak_bytes
+
+
+def test_implementation_follows_recorded_options():
+    impl = M.implementation_for("v4", {"fused_qkv": False, "sdpa_backend": "math"},
+                                {"optimizer": "fused"}, "cuda")
+    assert (impl.fused_qkv, impl.attention, impl.optimizer) == (False, "explicit", "fused")
+    assert M.implementation_for("v2", {}, {"optimizer": "default"}, "cpu").fused_norm is False
+
+
+def test_memory_cli_compares_with_measured(tmp_path):
+    import json
+    from conftest import run_cli
+    result_path = tmp_path / "v1_gpu.json"
+    from harness.results import write_atomic
+    # a synthetic GPU result: config, shape and a measured peak 10% above the prediction
+    p = PRESETS["small"]
+    pred = M.predict(p.model, p.batch_size, p.seq_len, "bf16", M.implementation_for(
+        "v1", {}, {"optimizer": "default"}, "cuda"), device="cuda")
+    stats = {"median": 10.0, "p10": 9.0, "p90": 11.0, "mean": 10.0, "n": 5}
+    result = {"schema_version": 1, "version": "v1", "created": "2026-01-01T00:00:00+00:00",
+              "command": "python version1_baseline/tiny_llama_v1.py --preset small", "git_commit": None,
+              "config": p.model.to_dict(),
+              "run": {"preset": "small", "batch_size": p.batch_size, "seq_len": p.seq_len,
+                      "precision": "bf16", "optimizer": "default", "grad_checkpoint": False},
+              "options": {}, "device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "backend": "cuda",
+                                        "arch": "sm_90", "torch": "2.11"},
+              "losses": [7.0, 6.9], "timing_ms": {k: stats for k in ("forward", "backward", "optimizer", "step")},
+              "throughput": {"tokens_per_s": 1e5}, "flops": {"per_step": 1e12, "achieved_tflops": 100.0},
+              "mfu": {"value": 0.1}, "memory": {"peak_allocated_mb": pred.peak_mib * 1.1},
+              "gradient_guard": {"passed": True, "checked_params": 75}, "warnings": []}
+    write_atomic(result_path, result)
+    proc = run_cli(["-m", "analysis_tools", "memory", result_path, "--out-dir", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    assert "-9.1" in proc.stdout  # predicted / measured - 1
+    assert "parameters (fp32)" in proc.stdout
+    assert (tmp_path / "memory_model.png").stat().st_size > 5000
+    assert json.loads(result_path.read_text())["version"] == "v1"
