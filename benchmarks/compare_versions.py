@@ -310,6 +310,7 @@ def parse_args(argv):
     p.add_argument("--sdpa-sweep", action="store_true",
                    help="also time every SDPA backend on this preset's attention shapes")
     p.add_argument("--output", help="JSON path (default: results/compare_<preset>.json)")
+    p.add_argument("--report", metavar="JSON", help="only print the table of a saved comparison")
     args = p.parse_args(argv)
     for flag, value in (("--repeats", args.repeats), ("--num-steps", args.num_steps)):
         if value <= 0:
@@ -345,6 +346,8 @@ def compare(args) -> dict:
             continue
         allowed = peer_modes if name == PEER else [m for m in VERSION_MODES[name] if m in modes]
         pairs += [(name, m) for m in (allowed or VERSION_MODES[name][:1])]
+    if not pairs:
+        raise UsageError("nothing to run: none of --versions is available here")
     output = Path(args.output or REPO / "results" / f"compare_{preset}.json")
     if output.suffix != ".json":
         raise UsageError("--output must end in .json")
@@ -415,9 +418,23 @@ def _write_json(path: Path, report: dict) -> None:
     os.replace(tmp, path)  # atomic: readers never see half a file
 
 
+def show_saved(path: str) -> None:
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--report {path}: cannot read it ({type(e).__name__}: {e})") from None
+    if not isinstance(report, dict) or report.get("schema") != "compare_versions/1":
+        raise UsageError(f"--report {path}: not a compare_versions JSON")
+    print_report(report, Path(path))
+
+
 def main(argv=None) -> int:
     try:
-        compare(parse_args(sys.argv[1:] if argv is None else argv))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.report:
+            show_saved(args.report)
+        else:
+            compare(args)
     except WorkshopError as e:  # bad input: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -184,6 +184,8 @@ def test_compare_versions_runs_on_cpu(tmp_path, capsys):
     assert report["ceiling"]["matmul_tflops"] > 0
     stdout = capsys.readouterr().out
     assert "x V1" in stdout and "sdpa=" in stdout
+    assert compare_versions().main(["--report", str(out)]) == 0  # the saved table, again
+    assert capsys.readouterr().out.count("x V1") == 1
 
 
 def test_compare_versions_rejects_unknown_names(capsys):

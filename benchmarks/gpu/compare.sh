@@ -15,7 +15,8 @@
 #
 # Knobs (environment): REPEATS (2), MEDIUM_MODES (eager,compile), SMALL_MODES
 # (eager,compile,reduce-overhead), PEER_MODES (compile), V4_SDPA (auto),
-# VERSIONS (v1,v2,v3,v4,hf), PYTHON (python3).
+# VERSIONS (v1,v2,v3,v4,hf), PYTHON (python3); time limits in seconds: CHECKS_LIMIT (120),
+# MEDIUM_LIMIT (260), SMALL_LIMIT (180).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/compare}
@@ -36,15 +37,17 @@ status=0
 # CUDA graphs replay in the training loop with no "skipping cudagraphs", and the SDPA
 # kernel recorded in options is the one the profiler sees under torch.compile.
 echo "=== GPU checks ($(date -u +%H:%M:%S))"
-$PY -m pytest -q -p no:cacheprovider tests/test_parity_v2_v4.py -k gpu > "$OUT_DIR/gpu_checks.log" 2>&1 \
-    || status=1
+timeout "${CHECKS_LIMIT:-120}" $PY -m pytest -q -p no:cacheprovider tests/test_parity_v2_v4.py -k gpu \
+    > "$OUT_DIR/gpu_checks.log" 2>&1 || status=1
 checks=$(tail -n 1 "$OUT_DIR/gpu_checks.log")
 echo "$checks"
 
-run() {  # preset modes steps warmup extra...
-    local preset=$1 modes=$2 steps=$3 warmup=$4; shift 4
+# Each comparison has a time limit, so the whole script stays under the device's 10
+# minutes; the JSON is rewritten after every run, so a cut-off comparison keeps its rows.
+run() {  # preset modes steps warmup limit_s extra...
+    local preset=$1 modes=$2 steps=$3 warmup=$4 limit=$5; shift 5
     echo "=== $preset ($(date -u +%H:%M:%S), $((SECONDS - start)) s so far)"
-    $PY benchmarks/compare_versions.py --preset "$preset" --precision bf16 \
+    timeout "$limit" $PY benchmarks/compare_versions.py --preset "$preset" --precision bf16 \
         --versions "$VERSIONS" --modes "$modes" --peer-modes "${PEER_MODES:-compile}" \
         --repeats "$REPEATS" --num-steps "$steps" --warmup-steps "$warmup" \
         --sdpa-backend "${V4_SDPA:-auto}" --output "$OUT_DIR/compare_$preset.json" "$@" \
@@ -55,14 +58,14 @@ run() {  # preset modes steps warmup extra...
 
 # medium: GPU-bound (~10 ms+ a step), so CUDA graphs add little; the SDPA sweep times
 # each attention kernel on these shapes (which one auto picks, and whether forcing helps).
-run medium "${MEDIUM_MODES:-eager,compile}" 30 10 --sdpa-sweep
+run medium "${MEDIUM_MODES:-eager,compile}" 30 10 "${MEDIUM_LIMIT:-260}" --sdpa-sweep
 # small: launch-bound (~0.2 TFLOP a step): CUDA graphs are the lesson here.
-run small "${SMALL_MODES:-eager,compile,reduce-overhead}" 60 15
+run small "${SMALL_MODES:-eager,compile,reduce-overhead}" 60 15 "${SMALL_LIMIT:-180}"
 
 echo
 echo "=================== summary ($((SECONDS - start)) s in all)"
 echo "GPU checks: $checks (details: gpu_checks.log)"
-for preset in medium small; do  # compare_versions' report: from "<preset> preset, ..." on
-    sed -n "/^$preset preset, /,\$p" "$OUT_DIR/compare_$preset.log"
+for preset in medium small; do
+    [ -f "$OUT_DIR/compare_$preset.json" ] && $PY benchmarks/compare_versions.py --report "$OUT_DIR/compare_$preset.json"
 done
 exit $status
