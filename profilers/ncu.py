@@ -3,8 +3,7 @@
 `profiling/run_ncu.sh` saves a report and exports it with
     ncu -i TAG.ncu-rep --csv --page raw --print-units base > TAG.csv
 
-Layout of that CSV (real files from an H200 in tests/fixtures/profilers/nvidia_h200/;
-shared/PROFILERS.md section 4.2):
+Layout of that CSV (see the real files from an H200 in tests/fixtures/profilers/nvidia_h200/):
   * "==PROF==" / "==WARNING==" lines may come first;
   * a header row "ID","Process ID",...,"Kernel Name",... then ~300 metric columns;
   * a UNITS row ("", ..., "byte", "ns", "inst");

@@ -5,7 +5,7 @@
 which writes TAG_cuda_gpu_kern_sum.csv and TAG_cuda_gpu_mem_time_sum.csv.
 (Before nsys 2023.1 the reports were called gpukernsum / gpumemtimesum.)
 
-Format (NVIDIA's cuda_gpu_kern_sum.py report script; shared/PROFILERS.md 4.1):
+Format (NVIDIA's cuda_gpu_kern_sum.py report script, in the Nsight Systems install):
     Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name
 Some versions quote every field; log lines ("Generating SQLite file ...") may
 come first, so we look for the line naming "Total Time"; --timeunit changes

@@ -3,7 +3,7 @@
 `profiling/run_rocprof_compute.sh` runs
     rocprof-compute profile -n TAG -p OUT/rocprof-compute/TAG [--roof-only] -- python ...
 which leaves a workload folder with (documented in rocprofiler-compute's
-docs/how-to/profile/mode.rst and src/utils/utils.py; shared/PROFILERS.md section 3):
+docs/how-to/profile/mode.rst and src/utils/utils.py):
   roofline.csv   measured ceilings of THIS GPU (GB/s, GFLOP/s), one row per device,
                  written by the rocm-amdgpu-bench `roofline` binary. Three header
                  variants exist, two with typos ("hbmBwHigh", "MFMAFI8OpsLow").

@@ -1,13 +1,13 @@
 """rocprofv3 (rocprofiler-sdk) CSV outputs -> kernel table.
 
 What `profiling/run_rocprofv3.sh` runs:
-    rocprofv3 --kernel-trace --stats --truncate-kernels --output-format csv \
+    rocprofv3 --kernel-trace --stats --truncate-kernels --marker-trace --output-format csv \
               -d OUT/rocprofv3 -o TAG -- python ...
 which writes OUT/rocprofv3/TAG_kernel_trace.csv (one row per dispatch) and
 TAG_kernel_stats.csv (one row per kernel name), plus agent_info/domain_stats.
 
 Formats (documented in rocprofiler-sdk's source/docs/data/*.csv and
-generateCSV.cpp; see shared/PROFILERS.md section 1.4):
+generateCSV.cpp, and tests/fixtures/profilers/README.md):
   kernel_trace.csv has had four headers - 16 columns (ROCm 6.2), 18 (6.3:
   +Thread_Id, Dispatch_Id), 19 (6.4: +Stream_Id), 22 (7.0: register counts
   instead of segment sizes) - and `rocpd convert` adds a leading "Guid".

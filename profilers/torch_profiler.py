@@ -9,7 +9,7 @@ Two inputs:
     row per aten operator with self/total CPU and device time. On a CPU-only
     run there are no kernels, so the operators' self CPU time is the table.
 
-Attribute names (shared/PROFILERS.md 5.2): since torch 2.4 the rows of
+Attribute names (torch/autograd/profiler_util.py): since torch 2.4 the rows of
 key_averages() have device_time_total / self_device_time_total; the old
 cuda_time_total raises AttributeError on them in 2.11+. We try device_*
 first and fall back to cuda_* for older torch. Nothing here imports torch.

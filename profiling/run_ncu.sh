@@ -6,7 +6,7 @@
 #                        [--kernel REGEX] [--nvtx-include RANGE] [--roofline]
 #                        [--metrics LIST] [--whole-run]
 #
-# Runs (shared/PROFILERS.md section 4.2):
+# Runs (docs/PROFILING.md):
 #   ncu --clock-control none --target-processes all --profile-from-start off
 #       --launch-count N [--launch-skip S] [-k regex:REGEX] --metrics LIST
 #       -f -o OUT/ncu/TAG -- python tiny_llama_vN.py ... --profile window

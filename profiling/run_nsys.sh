@@ -4,7 +4,7 @@
 #
 #   profiling/run_nsys.sh v1 --preset small [--trace cuda,nvtx,osrt] [--whole-run]
 #
-# Runs (shared/PROFILERS.md section 4.1):
+# Runs (docs/PROFILING.md):
 #   nsys profile -t cuda,nvtx,osrt --capture-range=cudaProfilerApi --capture-range-end=stop
 #                -f true -o OUT/nsys/TAG -- python tiny_llama_vN.py ... --profile window
 #   nsys stats -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv --force-export=true

@@ -5,7 +5,7 @@
 #   profiling/run_rocprof_compute.sh v1 --preset small [--roof-only | --no-roof]
 #                                    [--kernel SUBSTRING]...
 #
-# Runs (shared/PROFILERS.md section 3):
+# Runs (docs/PROFILING.md):
 #   rocprof-compute profile -n TAG -p OUT/rocprof-compute/TAG [--roof-only] [-k SUBSTR]
 #                           -- python tiny_llama_vN.py ...
 #   rocprof-compute analyze -p <workload> --save-dfs <workload>/dfs

@@ -4,7 +4,7 @@
 #
 #   profiling/run_rocprof_sys.sh v1 --preset small [--mode sample|run] [--config FILE]
 #
-# Runs (shared/PROFILERS.md section 2), with deterministic output names:
+# Runs (docs/PROFILING.md), with deterministic output names:
 #   ROCPROFSYS_OUTPUT_PATH=OUT/rocprof-sys ROCPROFSYS_TIME_OUTPUT=OFF ROCPROFSYS_USE_PID=OFF
 #   rocprof-sys-sample --trace --profile -- python tiny_llama_vN.py ...   (default)
 #   rocprof-sys-run    --trace --profile -- python tiny_llama_vN.py ...   (--mode run)

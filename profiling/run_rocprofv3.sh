@@ -4,7 +4,7 @@
 #   profiling/run_rocprofv3.sh v1 --preset small [--sys-trace | --runtime-trace]
 #                              [--pmc "SQ_WAVES GRBM_GUI_ACTIVE"] [--pftrace]
 #
-# Runs (see docs/PROFILING.md; flags in shared/PROFILERS.md section 1):
+# Runs (docs/PROFILING.md):
 #   rocprofv3 --kernel-trace --stats --truncate-kernels --marker-trace
 #             --output-format csv [pftrace] -d OUT/rocprofv3 -o TAG -- python tiny_llama_vN.py ...
 # and writes OUT/rocprofv3/TAG_kernel_trace.csv, TAG_kernel_stats.csv, the

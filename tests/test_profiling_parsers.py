@@ -151,7 +151,7 @@ def test_ncu_raw_page_real_file():
     assert table.source == "ncu"
     by_name = {r.name.split("<")[0]: r for r in table.rows}
     sgemm = by_name["void cutlass::Kernel2"]
-    # PROFILERS.md worked example: 17.18 GFLOP in 344.32 us = 49.9 TFLOP/s (fp32 SIMT GEMM)
+    # worked example in the profiler notes: 17.18 GFLOP in 344.32 us = 49.9 TFLOP/s (fp32 SIMT GEMM)
     assert sgemm.category == "gemm" and sgemm.total_us == pytest.approx(344.32)
     assert sgemm.flops == 2 * 8_589_934_592 + 4_194_304 + 0
     assert sgemm.flops / sgemm.total_us / 1e6 == pytest.approx(49.9, abs=0.05)
