@@ -113,13 +113,14 @@ def is_placeholder(token: str) -> bool:
     return any(mark in token for mark in ("<", ">", "...", "…", "*", "$"))
 
 
-def repo_path(token: str) -> Path | None:
+def repo_path(token: str, cwd: Path = REPO) -> Path | None:
     """A relative path into this repository (existing or not), else None."""
     if token.startswith(("/", "~", "-")) or is_placeholder(token):
         return None
-    path = REPO / token.removeprefix("./")
+    path = cwd / token.removeprefix("./")
     top = Path(token.removeprefix("./")).parts[0] if token.strip("./") else ""
-    if path.exists() or (top and (REPO / top).exists()):
+    explicit = token.startswith("./") and token.endswith((".py", ".sh"))
+    if path.exists() or explicit or (top and (cwd / top).exists()):
         return path
     return None
 
@@ -216,7 +217,20 @@ def makefile_targets() -> set[str]:
     return set(re.findall(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", text, flags=re.M))
 
 
-def check_command(tokens: list[str], runner: PythonRunner) -> str | None:
+def check_line(text: str, runner: PythonRunner) -> list[str]:
+    """Problems of one quoted line; `cd DIR && ...` moves where later paths are looked up."""
+    problems, cwd = [], REPO
+    for tokens in simple_commands(text):
+        if tokens[0] == "cd" and len(tokens) > 1 and not is_placeholder(tokens[1]):
+            cwd = (cwd / tokens[1]).resolve()
+            continue
+        problem = check_command(tokens, runner, cwd)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def check_command(tokens: list[str], runner: PythonRunner, cwd: Path = REPO) -> str | None:
     """None when fine or not about this repository; else what is wrong."""
     head = tokens[0]
     if head == "make":
@@ -225,7 +239,7 @@ def check_command(tokens: list[str], runner: PythonRunner) -> str | None:
         return f"no Makefile target {', '.join(unknown)}" if unknown else None
     if head in ("bash", "sh") or (head.startswith("./") and head.endswith(".sh")):
         script = tokens[1] if head in ("bash", "sh") and len(tokens) > 1 else head
-        path = repo_path(script)
+        path = repo_path(script, cwd)
         if path is None or not script.endswith(".sh"):
             return None
         if not path.exists():
@@ -242,14 +256,14 @@ def check_command(tokens: list[str], runner: PythonRunner) -> str | None:
                     return None
                 return check_python(("module", module), rest[2:], runner)
             if rest and rest[0].endswith(".py"):
-                path = repo_path(rest[0])
+                path = repo_path(rest[0], cwd)
                 return None if path is None else check_python(("script", str(path)), rest[1:], runner)
             return None
         if head == "torchrun" and token.endswith(".py"):
-            path = repo_path(token)
+            path = repo_path(token, cwd)
             return None if path is None else check_python(("script", str(path)), tokens[i + 1:], runner)
-    if head.endswith(".py") and repo_path(head):  # ./script.py
-        return check_python(("script", str(repo_path(head))), tokens[1:], runner)
+    if head.endswith(".py") and repo_path(head, cwd):  # ./script.py
+        return check_python(("script", str(repo_path(head, cwd))), tokens[1:], runner)
     return None
 
 
@@ -271,11 +285,9 @@ def test_docs_quote_commands():
 def test_every_quoted_command_exists_and_parses():
     runner, failures, checked = PythonRunner(), [], 0
     for quoted in all_quoted():
-        for tokens in simple_commands(quoted.text):
-            problem = check_command(tokens, runner)
-            checked += 1
-            if problem:
-                failures.append(f"{quoted.doc}:{quoted.line}: `{quoted.text}`: {problem}")
+        checked += 1
+        for problem in check_line(quoted.text, runner):
+            failures.append(f"{quoted.doc}:{quoted.line}: `{quoted.text}`: {problem}")
     assert checked
     assert not failures, "\n".join(failures)
 
@@ -300,11 +312,12 @@ def test_version_readme_diffs_match_the_code():
     ("PYTORCH_TUNABLEOP_ENABLED=1 python version1_baseline/tiny_llama_v1.py --num-steps 20", None),
     ("rocprofv3 --kernel-trace -- python version1_baseline/tiny_llama_v1.py --bad", "do not parse"),
     ("pip install torch", None),
+    ("cd version4_sdpa && ./run_all_profilers.sh --preset small", None),
+    ("cd version4_sdpa && ./no_such_script.sh", "does not exist"),
+    ("./no_such_script.sh", "does not exist"),
 ])
 def test_checker_catches_what_it_should(text, expected):
-    runner = PythonRunner()
-    problems = [check_command(t, runner) for t in simple_commands(text)]
-    problem = next((p for p in problems if p), None)
+    problem = next(iter(check_line(text, PythonRunner())), None)
     if expected is None:
         assert problem is None, problem
     else:
