@@ -63,7 +63,7 @@ class Session:
     def __init__(self, settings, device, model, first: int, last: int):
         self.settings, self.device, self.model = settings, device, model
         self.first, self.last = first, last
-        base = Path(settings.profile_dir) if settings.profile_dir else REPO_ROOT / "profiles" / settings.version
+        base = Path(settings.profile_dir or REPO_ROOT / "profiles" / settings.version)
         rank = os.environ.get("RANK")
         if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
             base = base / f"rank{rank}"  # one folder per process under torchrun
@@ -91,9 +91,10 @@ class Session:
         pass
 
     def finish(self, result: dict) -> None:
+        summary = self.summary(result)  # first: it may write files into self.out
         result["profile"] = {"kind": self.kind, "steps": [self.first, self.last],
-                             "dir": str(self.out) if self.out.exists() else None, "files": self.files, "notes": self.notes,
-                             **self.summary(result)}
+                             "dir": str(self.out) if self.out.exists() else None,
+                             "files": self.files, "notes": self.notes, **summary}
 
     def summary(self, result: dict) -> dict:
         return {}

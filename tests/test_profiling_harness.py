@@ -1,4 +1,8 @@
-"""--profile pytorch / flopcounter / deepspeed / window, for real on the CPU (tiny preset)."""
+"""--profile pytorch / flopcounter / deepspeed / window, for real on the CPU (tiny preset).
+
+The runs use --device cpu even on a GPU machine: the assertions (CPU operator
+tables, FlopCounterMode's CPU-specific SDPA gap) describe the CPU path.
+"""
 import json
 import os
 import subprocess
@@ -24,7 +28,7 @@ def settings_for(*argv):
 def test_pytorch_profiler_through_its_wrapper(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(REPO / "profiling" / "run_pytorch_profiler.sh"), "v1", "--preset", "tiny",
-                        "--num-steps", "5", "--warmup-steps", "2", "--out", str(out)],
+                        "--num-steps", "5", "--warmup-steps", "2", "--out", str(out), "--device", "cpu"],
                        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     folder = out / "pytorch"
@@ -44,7 +48,8 @@ def test_pytorch_profiler_through_its_wrapper(tmp_path):
 
 
 def test_flopcounter_counts_one_step_and_matches_the_analytic_model(tmp_path):
-    r = run_cli([V1, "--preset", "tiny", "--num-steps", "6", "--warmup-steps", "3", "--profile", "flopcounter",
+    r = run_cli([V1, "--preset", "tiny", "--device", "cpu", "--num-steps", "6", "--warmup-steps", "3",
+                 "--profile", "flopcounter",
                  "--profile-dir", tmp_path, "--output", tmp_path / "r.json"])
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "flopcounter" / "flops.json").read_text())
@@ -53,14 +58,15 @@ def test_flopcounter_counts_one_step_and_matches_the_analytic_model(tmp_path):
     assert data["counted_step"] == 2 and data["ratio"] == 1.0
     assert data["counted_flops"] == flops.step_flops(cli.PRESETS["tiny"].model, 4, 32)
     assert set(data["by_op"]) == {"aten.mm", "aten.bmm"}
-    assert json.loads((tmp_path / "r.json").read_text())["profile"]["ratio"] == 1.0
+    profile = json.loads((tmp_path / "r.json").read_text())["profile"]
+    assert profile["ratio"] == 1.0 and profile["dir"] == str(tmp_path / "flopcounter")
     assert "ratio 1.000" in r.stdout
 
 
 def test_flopcounter_explains_sdpa_on_the_cpu(tmp_path):
     load_version("v4")
-    r = run_cli([REPO / "version4_sdpa" / "tiny_llama_v4.py", "--preset", "tiny", "--num-steps", "2",
-                 "--warmup-steps", "1", "--profile", "flopcounter", "--profile-dir", tmp_path,
+    r = run_cli([REPO / "version4_sdpa" / "tiny_llama_v4.py", "--preset", "tiny", "--device", "cpu",
+                 "--num-steps", "2", "--warmup-steps", "1", "--profile", "flopcounter", "--profile-dir", tmp_path,
                  "--output", tmp_path / "r.json"])
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "flopcounter" / "flops.json").read_text())
@@ -134,7 +140,8 @@ def test_deepspeed_session_counts_exactly_one_forward(tmp_path, monkeypatch):
     assert profiler_class.started == 1 and profile["counted_flops"] == 1000  # one forward, not five
     assert profile["analytic_flops"] == flops.forward_flops(settings.model, 4, 32)
     assert (tmp_path / "deepspeed" / "deepspeed_profile.txt").read_text() == "step 1"
-    assert json.loads((tmp_path / "deepspeed" / "flops.json").read_text())["counts"].startswith("forward only")
+    saved = json.loads((tmp_path / "deepspeed" / "flops.json").read_text())
+    assert saved["counts"].startswith("forward only") and saved["macs"] == 500
 
 
 @pytest.mark.parametrize("warmup, expected", [(0, (0, 0)), (1, (0, 0)), (4, (3, 3))])
