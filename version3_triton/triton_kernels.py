@@ -88,7 +88,7 @@ ATTN_FWD_CONFIGS = {
             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=3,
                  matrix_instr_nonkdim=16),
             dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
 }
 ATTN_BWD_DKDV_CONFIGS = {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
     "cuda": [dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
@@ -103,7 +103,7 @@ ATTN_BWD_DKDV_CONFIGS = {  # BLOCK_N = keys per program, BLOCK_M = query rows pe
             dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
                  matrix_instr_nonkdim=16),
             dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
 }
 ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per step
     "cuda": [dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4),
@@ -118,7 +118,7 @@ ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per 
             dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2,
                  matrix_instr_nonkdim=16),
             dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)],
+    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
 }
 # RMSNorm: BLOCK_ROWS rows per tile; a row is BLOCK_COLS = next_power_of_2(hidden).
 # Several short rows per program keep enough bytes in flight; wide rows (8k+)
@@ -126,7 +126,7 @@ ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per 
 _NORM = [dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
          for rows, warps in ((1, 4), (2, 4), (4, 8), (8, 8), (1, 16), (4, 16))]
 RMSNORM_FWD_CONFIGS = {"cuda": _NORM, "hip": _NORM,
-                       "interpreter": [dict(BLOCK_ROWS=2, num_warps=4, num_stages=1)]}
+                       "interpreter": [dict(BLOCK_ROWS=16, num_warps=4, num_stages=1)]}
 RMSNORM_BWD_CONFIGS = RMSNORM_FWD_CONFIGS
 
 KERNEL_CONFIGS = {"rmsnorm_fwd": RMSNORM_FWD_CONFIGS, "rmsnorm_bwd": RMSNORM_BWD_CONFIGS,
@@ -215,13 +215,13 @@ def _prune_to_fit(kernel: str):
     return prune
 
 
-def _parse_config(text: str) -> dict:
+def _parse_config(text: str, source: str) -> dict:
     """'BLOCK_M=64,BLOCK_N=32,num_warps=4' -> {'BLOCK_M': 64, ...}"""
     config = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
-        if not value.strip().lstrip("-").isdigit():
-            raise ValueError(f"bad launch config item {item!r} in {text!r} (want NAME=INT)")
+        if not value.strip().isdigit():
+            raise ValueError(f"{source}: bad item {item!r} in {text!r} (want NAME=INT, ...)")
         config[key.strip()] = int(value)
     return config
 
@@ -230,8 +230,9 @@ def forced_config(kernel: str) -> dict | None:
     """The configuration the user pinned for `kernel` (FORCED_CONFIGS or env), else None."""
     if kernel in FORCED_CONFIGS:
         return dict(FORCED_CONFIGS[kernel])
-    text = os.environ.get(f"V3_{kernel.upper()}_CONFIG")
-    return _parse_config(text) if text else None
+    name = f"V3_{kernel.upper()}_CONFIG"
+    text = os.environ.get(name)
+    return _parse_config(text, name) if text else None
 
 
 def _check_forced(kernel: str, config: dict, width: int, elem_bytes: int) -> dict:
@@ -773,7 +774,7 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     meta = _head_meta(q, k)
     size = dict(width=D, elem_bytes=q.element_size())
     delta = _empty(lse.shape, torch.float32, lse.device)
-    rows = 16 if INTERPRET else 64
+    rows = 64  # a simple row-wise reduction: not worth tuning
     _attn_bwd_preprocess_kernel[(triton.cdiv(T, rows), B * H)](
         o, grad_o, delta, *_strides(o), *_strides(grad_o), H, T,
         HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=rows)
