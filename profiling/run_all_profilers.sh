@@ -71,6 +71,7 @@ if [[ -n "$NUM_STEPS" ]]; then COMMON+=(--num-steps "$NUM_STEPS"); fi
 if [[ -n "$TAG" ]]; then COMMON+=(--tag "$TAG"); fi
 
 RAN=() SKIPPED_LINES=() FAILED=()
+declare -A TOOK=()
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 for name in "${ALL[@]}"; do
@@ -87,9 +88,10 @@ for name in "${ALL[@]}"; do
     read -ra extra <<<"${EXTRA[$name]:-}"
     echo
     echo "=== $name"
-    rc=0
+    rc=0 started=$SECONDS
     { bash "$PROFILING_DIR/${WRAPPER[0]}" "${WRAPPER[@]:1}" "${COMMON[@]}" \
         ${extra[@]+"${extra[@]}"} -- ${APP_ARGS[@]+"${APP_ARGS[@]}"} 2>&1 | tee "$LOG"; } || rc=$?
+    TOOK[$name]=$((SECONDS - started))
     if ((rc == 0)); then
         RAN+=("$name")
     elif ((rc == SKIPPED)); then
@@ -103,7 +105,8 @@ echo
 echo "=== summary: $VERSION on $BACKEND, outputs under $OUT_ROOT"
 for name in ${RAN[@]+"${RAN[@]}"}; do
     table="$OUT_ROOT/$name/kernel_table.csv"
-    printf 'ran:     %-16s %s%s\n' "$name" "$OUT_ROOT/$name" "$([[ -f "$table" ]] && echo "  (kernel_table.csv)")"
+    printf 'ran:     %-16s %4d s  %s%s\n' "$name" "${TOOK[$name]}" "$OUT_ROOT/$name" \
+        "$([[ -f "$table" ]] && echo "  (kernel_table.csv)")"
 done
 for line in ${SKIPPED_LINES[@]+"${SKIPPED_LINES[@]}"}; do echo "skipped: $line"; done
 for line in ${FAILED[@]+"${FAILED[@]}"}; do echo "failed:  $line"; done

@@ -6,6 +6,7 @@ when a tool is missing or fails, and run_all_profilers.sh's summary - on a
 CPU machine with none of the real tools installed.
 """
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -217,8 +218,8 @@ def test_run_all_on_rocm_runs_skips_and_reports_failures(tmp_path):
             env={"PROFILE_BACKEND": "rocm", "FAKE_FAIL": "rocprof-compute:5"})
     assert r.returncode == 1
     summary = r.stdout[r.stdout.index("=== summary"):].splitlines()
-    assert summary[1:] == [
-        f"ran:     rocprofv3        {out}/rocprofv3  (kernel_table.csv)",
+    assert re.fullmatch(rf"ran:     rocprofv3 +\d+ s  {out}/rocprofv3  \(kernel_table.csv\)", summary[1])
+    assert summary[2:] == [
         "skipped: rocprof-sys-sample not found (install ROCm >= 6.3 (rocprofiler-systems) and add "
         "/opt/rocm/bin to PATH)",
         "skipped: ncu (needs an NVIDIA (CUDA) GPU; this machine runs rocm)",

@@ -17,16 +17,16 @@
 # Prints what ran/skipped and a compact table per version and tool.
 # Expected wall time on an H100: about 3-4 minutes (to be confirmed by the run).
 #
-# Knobs (environment): VERSIONS (v1,v4), PRESET (small), NCU_LAUNCHES (300),
-# NSYS_TIMEOUT (90 s; 0 = no nsys attempt), PYTHON (python3).
+# Knobs (environment): VERSIONS (v1,v4), PRESET (small), NCU_LAUNCHES (200),
+# NSYS_TIMEOUT (60 s; 0 = no nsys attempt), PYTHON (python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/profilers}
 export PYTHON=${PYTHON:-python3} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 VERSIONS=${VERSIONS:-v1,v4}
 PRESET=${PRESET:-small}
-NCU_LAUNCHES=${NCU_LAUNCHES:-300}
-NSYS_TIMEOUT=${NSYS_TIMEOUT:-90}
+NCU_LAUNCHES=${NCU_LAUNCHES:-200}
+NSYS_TIMEOUT=${NSYS_TIMEOUT:-60}
 PROFILES="$PWD/profiles/gpu_benchmark"
 mkdir -p "$OUT_DIR"
 start=$SECONDS
