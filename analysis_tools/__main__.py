@@ -13,6 +13,7 @@ Exit codes: 0 ok, 1 regression (regress) or suspicious results (compare --strict
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def cmd_roofline(args) -> int:
     from .roofline import category_summary, draw_roofline
     out = draw_roofline(args.results or None, args.preset, args.batch_size, args.seq_len, args.precision,
                    args.attention, args.ceilings, _kernel_tables(args.kernels), args.measure_ops,
-                   args.device, args.out_dir)
+                   args.device, args.out_dir, args.name)
     columns = ["op", "category", "count", "flops", "bytes", "intensity"]
     print("analytic operations of one training step (FLOPs and minimum bytes, all layers):")
     print(text_table(out["analytic"][columns], {"flops": ".3g", "bytes": ".3g", "intensity": ".2f"}))
@@ -99,7 +100,7 @@ def cmd_roofline(args) -> int:
                                           "achieved_tflops", "achieved_gbs"]],
                          {"ms_per_call": ".4f", "intensity": ".2f", "achieved_tflops": ".3g",
                           "achieved_gbs": ".1f"}))
-        out["measured"].to_csv(Path(args.out_dir) / "roofline_measured_ops.csv", index=False)
+        out["measured"].to_csv(Path(args.out_dir) / f"{Path(args.name).stem}_measured_ops.csv", index=False)
     if out["kernels"] is not None:
         missing = int(out["kernels"]["intensity"].isna().sum())
         print("\nkernel time by category:")
@@ -116,8 +117,13 @@ def cmd_roofline(args) -> int:
 def cmd_memory(args) -> int:
     from . import memory
     if args.results:
-        out = memory.memory_for_results(args.results, args.out_dir)
-        print(text_table(out["table"], {"predicted MiB": ",.0f", "measured MiB": ",.0f", "error %": "+.1f"}))
+        out = memory.memory_for_results(args.results, args.out_dir, trace=args.trace)
+        print(text_table(out["table"], {"predicted MiB": ",.0f", "measured MiB": ",.0f", "error %": "+.1f",
+                                        "traced MiB": ",.0f", "traced max_allocated MiB": ",.0f"}))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            out["table"].to_json(args.json, orient="records", indent=1)
+            print(f"table: {args.json}")
         for r, label in zip(out["results"], out["table"]["run"]):
             pred = memory.predict_for_result(r)
             print(f"\n{label}: peak at '{pred.moment}'")
@@ -222,6 +228,7 @@ def build_parser() -> OneLineParser:
     r.add_argument("--measure-ops", action="store_true", help="time every op alone on --device")
     r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     r.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
+    r.add_argument("--name", default="roofline.png", help="plot file name")
     r.set_defaults(func=cmd_roofline)
 
     m = sub.add_parser("memory", help="memory model vs measured")
@@ -235,7 +242,9 @@ def build_parser() -> OneLineParser:
     m.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
                    help="device to predict for (and to --trace on)")
     m.add_argument("--trace", action="store_true",
-                   help="also run two real steps and track live tensors (slow on CPU)")
+                   help="also run two real steps and track live tensors (slow on CPU); "
+                        "with results: on the device each ran on")
+    m.add_argument("--json", help="with results: also write the comparison table as JSON here")
     m.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
     m.set_defaults(func=cmd_memory)
 
@@ -279,6 +288,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head` closed the pipe: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

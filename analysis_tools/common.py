@@ -91,33 +91,31 @@ def save_figure(fig, out_dir, name: str) -> Path:
     return path
 
 
-def markdown_table(df: pd.DataFrame, floatfmt: dict | None = None) -> str:
-    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate)."""
+def formatted(df: pd.DataFrame, floatfmt: dict | None = None) -> pd.DataFrame:
+    """The table as strings: floats with per-column formats ('.4g' by default), n/a for missing."""
     floatfmt = floatfmt or {}
 
     def cell(col, value):
         if value is None or (isinstance(value, float) and pd.isna(value)):
             return "n/a"
-        if isinstance(value, float):
-            return format(value, floatfmt.get(col, ".4g"))
-        return str(value).replace("|", "\\|")
+        return format(value, floatfmt.get(col, ".4g")) if isinstance(value, float) else str(value)
 
+    return pd.DataFrame({col: [cell(col, v) for v in df[col]] for col in df.columns}, index=df.index)
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: dict | None = None) -> str:
+    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate)."""
+    cells = formatted(df, floatfmt)
     lines = ["| " + " | ".join(map(str, df.columns)) + " |",
              "|" + "|".join("---" for _ in df.columns) + "|"]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(cell(c, row[c]) for c in df.columns) + " |")
+    lines += ["| " + " | ".join(v.replace("|", "\\|") for v in row) + " |"
+              for row in cells.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def text_table(df: pd.DataFrame, floatfmt: dict | None = None) -> str:
     """Plain text for the terminal, with the same number formats as the Markdown."""
-    floatfmt = floatfmt or {}
-    shown = df.copy().astype(object)
-    for col in shown.columns:
-        shown[col] = [("n/a" if v is None or (isinstance(v, float) and pd.isna(v)) else
-                       format(v, floatfmt.get(col, ".4g")) if isinstance(v, float) else str(v))
-                      for v in df[col]]
-    return shown.to_string(index=False)
+    return formatted(df, floatfmt).to_string(index=False)
 
 
 def parse_kv_list(text: str, what: str) -> dict[str, float]:

@@ -58,6 +58,7 @@ class Implementation:
     fused_norm: bool = False      # RMSNorm kernel saving only its input and 1/rms
     fused_swiglu: bool = False    # silu(g)*u kernel saving only g and u
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
+    scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
 
     def describe(self) -> str:
@@ -66,8 +67,8 @@ class Implementation:
                 f"AdamW {self.optimizer}")
 
 
-_V2 = Implementation(fused_qkv=True, fused_gate_up=True, fused_norm=True)
-IMPLEMENTATIONS = {"v1": Implementation(), "v2": _V2,
+_V2 = Implementation(fused_qkv=True, fused_gate_up=True, fused_norm=True, fused_swiglu=True)
+IMPLEMENTATIONS = {"v1": Implementation(scores_fp32_copy=True), "v2": _V2,
                    "v3": replace(_V2, attention="flash", gqa_native=True),
                    "v4": replace(_V2, attention="flash", gqa_native=True)}
 
@@ -78,7 +79,9 @@ def implementation_for(version: str, options: dict | None = None, run: dict | No
     impl = IMPLEMENTATIONS.get(version, Implementation())
     for key, value in (options or {}).items():
         key = key.lower()
-        if isinstance(value, bool):
+        if key == "gqa":
+            impl = replace(impl, gqa_native=value != "repeat")
+        elif isinstance(value, bool):
             if "qkv" in key:
                 impl = replace(impl, fused_qkv=value)
             elif "gate_up" in key or "mlp" in key:
@@ -89,9 +92,11 @@ def implementation_for(version: str, options: dict | None = None, run: dict | No
                 impl = replace(impl, fused_swiglu=value)
         elif isinstance(value, str) and ("sdpa" in key or "attention" in key) and "math" in value.lower():
             impl = replace(impl, attention="explicit")  # SDPA's math backend materialises scores
-    if device_type == "cpu" and version != "v3":
-        # F.rms_norm has a fused kernel on GPUs only; on the CPU it is V1's maths.
-        impl = replace(impl, fused_norm=False)
+    if device_type == "cpu":
+        # V2's one-kernel SiLU*mul is generated for GPUs only, and F.rms_norm has
+        # a fused kernel on GPUs only (on the CPU it is V1's maths); V3's Triton
+        # RMSNorm saves only x and 1/rms everywhere.
+        impl = replace(impl, fused_swiglu=False, fused_norm=impl.fused_norm and version == "v3")
     choice = (run or {}).get("optimizer", "default")
     if choice == "fused" and device_type == "cuda":
         impl = replace(impl, optimizer="fused")
@@ -161,8 +166,11 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
         v = n * (c.num_heads + 2 * c.num_kv_heads) * hd * a if impl.fused_qkv else k
         attn["q, k after RoPE"] = q + k
         attn["v (its whole projection output)" if impl.fused_qkv else "v"] = v
-        attn["attention output + log-sum-exp"] = q + sh.batch * c.num_heads * sh.seq * 4
-    attn["o_proj input (heads merged)"] = q
+        # Flash kernels write the output as (B, T, heads, hd) in memory, so merging
+        # heads for o_proj is a view: o_proj saves this very tensor.
+        attn["attention output (= o_proj input) + log-sum-exp"] = q + sh.batch * c.num_heads * sh.seq * 4
+    if impl.attention == "explicit":
+        attn["o_proj input (heads merged: a copy)"] = q
     nf = n * c.ffn_dim
     mlp = {"residual after attention (fp32)": nd * 4, **_norm(sh, impl, "mlp norm"),
            **_linear_inputs(sh, 1 if impl.fused_gate_up else 2, "gate/up proj"),
@@ -245,8 +253,11 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
     ce_forward = nv * a + (nv * 4 if a != 4 else 0)      # logits and their fp32 copy
     ce_backward = 2 * nv * 4                             # d(log-softmax) and d(logits), fp32
     if impl.attention == "explicit":
-        attn_forward = sh.scores * (a + 4 if a != 4 else 4)  # masked scores (+ their fp32 copy)
-        attn_backward = 2 * sh.scores * 4                # dP and dS around the softmax, fp32
+        # masked scores alive next to the softmax output (+ V1's fp32 copy of them);
+        # in backward dP (fp32) and dS around the softmax (fp32 if its input was)
+        copy = impl.scores_fp32_copy and a != 4
+        attn_forward = sh.scores * (a + (4 if copy else 0))
+        attn_backward = sh.scores * (4 + (4 if copy else a))
     else:
         q = n * c.num_heads * c.head_dim
         attn_forward = 0
@@ -255,7 +266,7 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
     mlp_grads = (3 * c.hidden_dim * c.ffn_dim + c.hidden_dim) * 4
     # By the softmax backward, P@V's backward has freed P's low-precision copy and
     # o_proj's backward its input.
-    attn_left = attn_bytes - attn.get("P cast for P@V", 0) - attn["o_proj input (heads merged)"]
+    attn_left = attn_bytes - attn.get("P cast for P@V", 0) - attn.get("o_proj input (heads merged: a copy)", 0)
 
     moments = {
         "end of forward (loss)": {**base, **all_blocks, **head,
@@ -264,7 +275,8 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
                                               "d logits (transient)": ce_backward},
         "backward of the last block's MLP": {
             **base, **before_last, "last block's saved activations": block,
-            "gradients so far (lm_head)": head_grads, "MLP gradients (transient)": 3 * nf * a},
+            "gradients so far (lm_head, last MLP)": head_grads + mlp_grads,
+            "MLP activation gradients (transient)": 3 * nf * a},
         "backward of the last block's attention": {
             **base, **before_last, "attention half of the last block": attn_left,
             "gradients so far (lm_head, last MLP)": head_grads + mlp_grads,
@@ -432,17 +444,34 @@ def trace_step(version: str, cfg: ModelConfig, batch: int, seq: int, precision: 
 
 
 # ---------------------------------------------------------------- command
-def memory_table(results: list[dict]) -> pd.DataFrame:
+def trace_result(result: dict) -> dict:
+    """trace_step with the settings of a results JSON (on the device it ran on)."""
+    run = result["run"]
+    device = "cuda" if result["device"]["type"] == "cuda" else "cpu"
+    return trace_step(result["version"], model_config(result), run["batch_size"], run["seq_len"],
+                      run["precision"], device, run.get("grad_checkpoint", False),
+                      run.get("optimizer", "default"), result.get("options"))
+
+
+def memory_table(results: list[dict], trace: bool = False) -> pd.DataFrame:
+    """Predicted vs measured peak per run; with trace, also a traced rerun of one step."""
     rows = []
     for label, r in zip(unique_labels(results), results):
         pred = predict_for_result(r)
         measured = peak_memory_mb(r)
         gpu = "peak_allocated_mb" in r["memory"]
-        rows.append({"run": label, "predicted MiB": pred.peak_mib,
-                     "measured MiB": measured if gpu else None,
-                     "error %": (pred.peak_mib / measured - 1) * 100 if gpu and measured else None,
-                     "peak moment": pred.moment,
-                     "note": "" if gpu else f"CPU run: RSS {measured:,.0f} MiB includes the runtime"})
+        row = {"run": label, "predicted MiB": pred.peak_mib,
+               "measured MiB": measured if gpu else None,
+               "error %": (pred.peak_mib / measured - 1) * 100 if gpu and measured else None,
+               "peak moment": pred.moment,
+               "note": "" if gpu else f"CPU run: RSS {measured:,.0f} MiB includes the runtime"}
+        if trace:
+            traced = trace_result(r)
+            row["traced MiB"] = traced["peak_bytes"] / MiB
+            row["traced peak at"] = traced["peak_op"]
+            if "cuda_max_allocated_bytes" in traced:
+                row["traced max_allocated MiB"] = traced["cuda_max_allocated_bytes"] / MiB
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -480,10 +509,10 @@ def plot_memory_model(results: list[dict], out_dir, name="memory_model.png"):
     return save_figure(fig, out_dir, name)
 
 
-def memory_for_results(paths_or_results, out_dir=None) -> dict:
+def memory_for_results(paths_or_results, out_dir=None, trace: bool = False) -> dict:
     results = (paths_or_results if paths_or_results and isinstance(paths_or_results[0], dict)
                else load_results(paths_or_results))
-    out = {"table": memory_table(results), "results": results, "plots": []}
+    out = {"table": memory_table(results, trace), "results": results, "plots": []}
     if out_dir is not None:
         out["plots"].append(plot_memory_model(results, out_dir))
     return out

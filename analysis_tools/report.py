@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import load_results, markdown_table
+from .common import formatted, load_results, markdown_table
 from .compare import FLOAT_FORMATS, compare_runs
 from .memory import memory_for_results
 from .roofline import category_summary, draw_roofline
@@ -33,13 +33,7 @@ def _img(path: Path) -> str:
 
 
 def _html_table(df: pd.DataFrame, formats: dict | None = None) -> str:
-    formats = formats or {}
-    shown = df.copy().astype(object)
-    for col in shown.columns:
-        shown[col] = [("n/a" if v is None or (isinstance(v, float) and pd.isna(v)) else
-                       format(v, formats.get(col, ".4g")) if isinstance(v, float) else v)
-                      for v in df[col]]
-    return shown.to_html(index=False, escape=True, border=0)
+    return formatted(df, formats).to_html(index=False, escape=True, border=0)
 
 
 def build_report(paths, out_dir, ceilings_path=None, kernel_tables: dict | None = None,

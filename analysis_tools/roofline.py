@@ -172,6 +172,8 @@ def plot_roofline(ceilings: list[dict], analytic: pd.DataFrame | None = None,
                label="analytic: bound at minimum bytes" if best else "analytic intensity (no ceiling known)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    if not ceilings and all(s is None or not len(s) for s in (measured, kernels, steps)):
+        ax.set_ylim(1e-3, 1e3)  # nothing measured and no ceiling: only the intensities
     ax.set_xlabel("arithmetic intensity (FLOP / byte, minimum bytes)")
     ax.set_ylabel("performance (TFLOP/s)")
     ax.set_title(title)
@@ -184,7 +186,7 @@ def plot_roofline(ceilings: list[dict], analytic: pd.DataFrame | None = None,
 def draw_roofline(results=None, preset: str | None = None, batch: int | None = None,
              seq: int | None = None, precision: str | None = None, attention: str | None = None,
              ceilings_path=None, kernel_tables: dict | None = None, measure_ops: bool = False,
-             device: str = "cpu", out_dir=".") -> dict:
+             device: str = "cpu", out_dir=".", name: str = "roofline.png") -> dict:
     """Notebook entry point. Returns tables (analytic, measured, kernels, steps) and the plot path."""
     results = (results if results and isinstance(results[0], dict)
                else load_results(results) if results else [])
@@ -221,6 +223,6 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
     steps = step_points(results) if results else None
     title = (f"Roofline: {device_name or 'unknown device'}, {precision}, "
              f"hidden {cfg.hidden_dim} x {cfg.num_layers} layers, batch {batch} x seq {seq}")
-    path = plot_roofline(ceilings, analytic, measured, kernels, steps, out_dir, title=title)
+    path = plot_roofline(ceilings, analytic, measured, kernels, steps, out_dir, name, title)
     return {"analytic": analytic, "measured": measured, "kernels": kernels, "steps": steps,
             "ceilings": ceilings, "plot": path}
