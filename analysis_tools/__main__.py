@@ -234,7 +234,7 @@ def build_parser() -> OneLineParser:
     m = sub.add_parser("memory", help="memory model vs measured")
     m.add_argument("results", nargs="*", help="results JSONs to check the model against")
     m.add_argument("--preset", default="small", help="config to predict when no results are given")
-    m.add_argument("--version", default="v1")
+    m.add_argument("--version", choices=("v1", "v2", "v3", "v4"), default="v1")
     m.add_argument("--batch-size", type=int)
     m.add_argument("--seq-len", type=int)
     m.add_argument("--precision", choices=PRECISIONS, default="bf16")

@@ -38,11 +38,18 @@ def version_script(version: str) -> Path:
     raise AnalysisError(f"unknown version {version!r}: use one of {', '.join(scripts)} or a script path")
 
 
+def check_preset(preset: str) -> None:
+    if preset not in PRESETS:
+        raise AnalysisError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+
+
 def grid(preset: str, batch_sizes=None, seq_lens=None, precisions=None, grad_checkpoint=(False,),
-         compile=(False,)) -> list[dict]:
+         compiled=(False,)) -> list[dict]:
+    """Every combination of the axes (None: the preset's value / the device default)."""
+    check_preset(preset)
     p = PRESETS[preset]
     batch_sizes = batch_sizes or sorted({max(1, p.batch_size // 2), p.batch_size, p.batch_size * 2})
-    axes = [batch_sizes, seq_lens or [p.seq_len], precisions or [None], grad_checkpoint, compile]
+    axes = [batch_sizes, seq_lens or [p.seq_len], precisions or [None], grad_checkpoint, compiled]
     return [dict(zip(GRID_AXES, values)) for values in itertools.product(*axes)]
 
 
@@ -69,8 +76,7 @@ def point_command(script: Path, preset: str, point: dict, output: Path, num_step
 def run_sweep(version: str, preset: str, points: list[dict], out_dir, num_steps: int = 20,
               warmup_steps: int = 5, extra=(), timeout: int = 900, say=print) -> pd.DataFrame:
     """Run every point; a failed point is a row with its status, never an exception."""
-    if preset not in PRESETS:
-        raise AnalysisError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    check_preset(preset)
     script = version_script(version)
     out_dir = Path(out_dir)
     rows = []
