@@ -12,10 +12,13 @@
 #   v2       fusion ablations (each --no-fused-* alone) and --compile
 #   v3       flash-attention block sizes (V3_ATTN_FWD_CONFIG) vs autotuned
 #   v4       SDPA backends; CUDA/HIP graphs (--compile-mode reduce-overhead) on small
+#   roofline ceilings of this GPU, V1 and V4 profiled, kernels on the roofline
 # Every training run writes $OUT_DIR/<section>/<name>.json (the results schema) and one
 # line to $OUT_DIR/<section>/runs.log; the script ends with one compact table per section.
-# Expected wall time on one H100/H200: about 8-10 minutes for everything (about 45
-# short runs of 20-30 steps, most of it Python start-up and torch.compile).
+# Expected wall time on one H100/H200: about 9-12 minutes for everything (about 50
+# short runs of 25 steps, most of it Python start-up and torch.compile); run it in two
+# calls if a call is limited to 10 minutes, e.g. `... teaching.sh env debug v1 levers`
+# then `... teaching.sh v2 v3 v4 roofline`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/teaching}
@@ -26,7 +29,7 @@ SMALL=${SMALL_PRESET:-small}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(env debug v1 levers v2 v3 v4)
+[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(env debug v1 levers v2 v3 v4 roofline)
 wants() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
 failed=0
 
@@ -118,6 +121,22 @@ if wants v4; then
     train v4 small_graphs $V4 --preset $SMALL --compile --compile-mode reduce-overhead
 fi
 
+if wants roofline; then
+    echo "== roofline: ceilings, V1 and V4 kernels"
+    R="$OUT_DIR/roofline"
+    mkdir -p "$R"
+    timeout 300 $PY -m analysis_tools ceilings --out-dir "$R" > "$R/ceilings.txt" 2>&1 || failed=1
+    train roofline v1_profiled $V1 --preset $MEDIUM --profile pytorch --profile-dir "$R/v1"
+    train roofline v4_profiled $V4 --preset $MEDIUM --profile pytorch --profile-dir "$R/v4"
+    ceilings=(); [ -f "$R/ceilings.json" ] && ceilings=(--ceilings "$R/ceilings.json")
+    timeout 300 $PY -m analysis_tools roofline --preset $MEDIUM --precision bf16 --device cuda \
+        "${ceilings[@]}" --kernels "v1=$R/v1/pytorch/kernel_table.csv" \
+        --kernels "v4=$R/v4/pytorch/kernel_table.csv" --out-dir "$R" > "$R/roofline.txt" 2>&1 \
+        || failed=1
+    cat "$R/ceilings.txt" 2>/dev/null | tail -n 8
+    grep -A 12 "kernel time by category" "$R/roofline.txt" || tail -n 5 "$R/roofline.txt"
+fi
+
 echo
 $PY - "$OUT_DIR" <<'EOF'
 # One compact table per section, from the results JSON files.
@@ -125,12 +144,13 @@ import sys
 from pathlib import Path
 from harness.results import SchemaError, load
 for section in sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_dir()):
-    rows = []
+    rows, device = [], None
     for path in sorted(section.glob("*.json")):
         try:
             r = load(path)
-        except SchemaError:
+        except SchemaError:  # not a training result (e.g. ceilings.json)
             continue
+        device = r["device"]
         t, mem = r["timing_ms"], r["memory"]
         mfu = r["mfu"]["value"]
         rows.append((path.stem, r["run"]["precision"], r["run"]["batch_size"], r["run"]["seq_len"],
@@ -139,7 +159,6 @@ for section in sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_dir()):
                      mem.get("peak_allocated_mb", mem.get("peak_rss_mb")), r["options"]))
     if not rows:
         continue
-    device = load(sorted(section.glob("*.json"))[0])["device"]
     print(f"--- {section.name}: {device['name']}, torch {device['torch']}")
     print(f"{'run':<28} {'prec':>5} {'B':>3} {'T':>5} {'tok/s':>10} {'step ms':>8} {'fwd':>7} "
           f"{'bwd':>7} {'MFU%':>5} {'peak MB':>8}")
