@@ -21,8 +21,11 @@ KERNELS = list(tk.KERNEL_CONFIGS)
 
 
 @pytest.fixture(autouse=True)
-def poisoned_outputs_and_autotuned_configs(monkeypatch):
+def poisoned_outputs_no_autotuning(monkeypatch):
+    """NaN-filled outputs. No autotuning: on a GPU it would compile every candidate
+    again for each odd test shape (test_gpu_every_config_* runs each of them)."""
     monkeypatch.setattr(tk, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(tk, "AUTOTUNE", False)
     monkeypatch.setattr(tk, "FORCED_CONFIGS", {})
     for kernel in KERNELS:
         monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)

@@ -22,6 +22,12 @@ SCRIPTS = {"v1": REPO / "version1_baseline/tiny_llama_v1.py",
            "v3": REPO / "version3_triton/tiny_llama_v3.py"}
 
 
+@pytest.fixture(autouse=True)
+def no_autotuning(monkeypatch):
+    """One launch config per kernel: autotuning each test shape on a GPU costs minutes."""
+    monkeypatch.setattr(load_version("v3").tk, "AUTOTUNE", False)
+
+
 def config(heads=4, kv_heads=2, head_dim=16, tied=False) -> ModelConfig:
     return ModelConfig(vocab_size=VOCAB, hidden_dim=heads * head_dim, num_layers=2, num_heads=heads,
                        num_kv_heads=kv_heads, max_seq_len=128, tie_embeddings=tied)
@@ -121,7 +127,8 @@ def train(tmp_path, version, *extra, env=None):
     out = tmp_path / f"{version}.json"
     proc = run_cli([SCRIPTS[version], "--preset", "tiny", "--device", DEVICE, "--precision", "fp32",
                     "--data", "text", "--batch-size", "2", "--num-steps", "12", "--warmup-steps", "2",
-                    "--learning-rate", "3e-3", "--quiet", "--output", out, *extra], env=env)
+                    "--learning-rate", "3e-3", "--quiet", "--output", out, *extra],
+                   env={"V3_AUTOTUNE": "0", **(env or {})})
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -151,7 +158,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, env, message):
         pytest.skip("on a GPU machine --device cpu has no interpreter: another message")
     out = tmp_path / "r.json"
     proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--num-steps", "2", "--warmup-steps", "1",
-                    "--output", out, *args], env=env)
+                    "--output", out, *args], env={"V3_AUTOTUNE": "0", **env})
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert not out.exists()

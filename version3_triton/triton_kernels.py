@@ -27,6 +27,8 @@ an environment variable before the run, e.g.
 or, from Python, `triton_kernels.FORCED_CONFIGS["attn_fwd"] = dict(BLOCK_M=64, ...)`.
 Kernel names: rmsnorm_fwd, rmsnorm_bwd, attn_fwd, attn_bwd_dkdv, attn_bwd_dq.
 `chosen_configs()` tells which configuration each kernel ran with last.
+V3_AUTOTUNE=0 skips autotuning: each kernel takes its first candidate that fits
+(quick start-up, e.g. for tests; not the fastest).
 
 On a machine without a GPU set TRITON_INTERPRET=1 *before* importing triton:
 the kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
@@ -133,6 +135,7 @@ KERNEL_CONFIGS = {"rmsnorm_fwd": RMSNORM_FWD_CONFIGS, "rmsnorm_bwd": RMSNORM_BWD
                   "attn_fwd": ATTN_FWD_CONFIGS, "attn_bwd_dkdv": ATTN_BWD_DKDV_CONFIGS,
                   "attn_bwd_dq": ATTN_BWD_DQ_CONFIGS}
 FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over autotuning
+AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
 
 
@@ -272,14 +275,18 @@ def chosen_configs() -> dict[str, str]:
 
 
 def _launch(kernel: str, grid, *args, width: int = 0, elem_bytes: int = 2, **meta):
-    """Run `kernel` with the forced configuration if there is one, else autotuned."""
-    config = forced_config(kernel)
+    """Run `kernel` with the forced configuration if there is one, else autotuned
+    (or, with AUTOTUNE off, with the first candidate that fits)."""
+    config, how = forced_config(kernel), "forced"
+    if config is None and not AUTOTUNE:
+        config, how = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
+                                      _shared_memory_limit())[0], "first candidate"
     if config is None:
         _LAST_CONFIG[kernel] = "autotuned"
         _AUTOTUNED[kernel][grid](*args, **meta)
     else:
-        config = _check_forced(kernel, config, width, elem_bytes)
-        _LAST_CONFIG[kernel] = "forced: " + _describe(config)
+        config = _check_forced(kernel, dict(config), width, elem_bytes)
+        _LAST_CONFIG[kernel] = f"{how}: " + _describe(config)
         _KERNELS[kernel][grid](*args, **meta, **config)
 
 
@@ -441,26 +448,34 @@ def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 # - Head sizes that are not a power of two (e.g. 96) are padded to BLOCK_D in
 #   registers; the padded columns load as zeros and are never stored.
 @triton.jit
-def _load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
-    """Load a 2D tile, masking only the dimensions that can run out of bounds.
-    Both flags are compile-time constants: in-bounds tiles get no mask at all."""
+def _load_rows(base, stride, rows, n_rows, cols, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr):
+    """Load the tile base[rows, cols] (rows `stride` apart, columns contiguous).
+
+    Only what can run out of bounds is masked: rows past the sequence end when
+    CHECK_ROWS, columns when the head size was padded to BLOCK_D. Both are
+    compile-time constants, so an in-bounds tile is loaded with no mask at all.
+    """
+    ptrs = base + rows[:, None] * stride + cols[None, :]
     if CHECK_ROWS:
-        if CHECK_COLS:
-            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        if BLOCK_D != HEAD_DIM:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
         else:
             tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
     else:
-        if CHECK_COLS:
-            tile = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+        if BLOCK_D != HEAD_DIM:
+            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
         else:
             tile = tl.load(ptrs)
     return tile
 
 
 @triton.jit
-def _store_tile(ptrs, value, rows, n_rows, cols, n_cols, CHECK_COLS: tl.constexpr):
-    if CHECK_COLS:
-        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+def _store_rows(base, stride, value, rows, n_rows, cols, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    ptrs = base + rows[:, None] * stride + cols[None, :]
+    if BLOCK_D != HEAD_DIM:
+        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
     else:
         tl.store(ptrs, value, mask=rows[:, None] < n_rows)
 
@@ -475,8 +490,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs
         cols = start_n + tl.arange(0, BLOCK_N)
         # Off-diagonal key blocks lie entirely before this query block, so they
         # are in bounds; only the diagonal block can reach past the sequence end.
-        k = _load_tile(k_base + cols[:, None] * stride_kt + offs_d[None, :], cols, N_CTX,
-                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        k = _load_rows(k_base, stride_kt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if ON_DIAGONAL:  # causal mask; it also hides keys past the sequence end
             qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
@@ -484,8 +498,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_base + cols[:, None] * stride_vt + offs_d[None, :], cols, N_CTX,
-                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
+        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
         # P goes back to the input precision for the tensor cores; acc stays fp32.
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
@@ -503,17 +516,16 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     # blocks last-first starts the long programs early and shortens the tail.
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
+    b = (pid_bh // num_heads).to(tl.int64)  # 64-bit offsets: big tensors overflow int32
     h = pid_bh % num_heads
     kv_h = h // GROUP_SIZE
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q_base = Q + b * stride_qb + h * stride_qh
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
 
-    q = _load_tile(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], offs_m, N_CTX,
-                   offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -526,11 +538,11 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     # `diag` (<= its own index), so no row is all -inf and nothing becomes NaN.
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
                                     offs_m, offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX),
-                                    qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+                                    qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+                                    DOT_PRECISION)
     o = acc / l_i[:, None]
-    o_base = O + b * stride_ob + h * stride_oh
-    _store_tile(o_base + offs_m[:, None] * stride_ot + offs_d[None, :], o.to(O.dtype.element_ty),
-                offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    _store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
+                N_CTX, offs_d, HEAD_DIM, BLOCK_D)
     tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
 
 
@@ -546,23 +558,24 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
 @triton.jit
 def _attn_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot,
                                 stride_dob, stride_doh, stride_dot, num_heads, N_CTX,
-                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                BLOCK_M: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     pid_bh = tl.program_id(1)
     b = (pid_bh // num_heads).to(tl.int64)
     h = pid_bh % num_heads
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :],
-                   offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
-                    offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    o = _load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
+                    HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
-                         offs_n, offs_d, lo, hi, qk_scale, N_CTX,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                         stride_qt, stride_dot, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add the contribution of query blocks [lo, hi) to one key block's dK, dV.
@@ -573,14 +586,13 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, st
     """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], offs_m, N_CTX,
-                       offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-        do = _load_tile(do_base + offs_m[:, None] * stride_dot + offs_d[None, :], offs_m, N_CTX,
-                        offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+        q = _load_rows(q_base, stride_qt, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load_rows(do_base, stride_dot, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX, other=0.0)
         # Recompute P^T for this tile from the saved log-sum-exp.
-        p_t = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse[None, :])
+        qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.exp2(qk_t * qk_scale - lse[None, :])
         if ON_DIAGONAL:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
@@ -597,7 +609,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                           stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
                           num_kv_heads, N_CTX, sm_scale, qk_scale,
                           GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
     start_n = tl.program_id(0)  # low key blocks see the most queries and run first
     pid_bkv = tl.program_id(1)
     b = (pid_bkv // num_kv_heads).to(tl.int64)
@@ -605,10 +618,10 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     # This key/value block stays in registers while every query block streams past.
-    k = _load_tile(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :],
-                   offs_n, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    v = _load_tile(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :],
-                   offs_n, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    k = _load_rows(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     diag = start_n * BLOCK_N
@@ -619,7 +632,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
         do_base = DO + b * stride_dob + h * stride_doh
         row0 = (b * num_heads + h) * N_CTX
         # Causal: only queries at or after this key block attend to it.
-        # Stage 1: the diagonal block (mask on). Stage 2: everything below it.
+        # Stage 1: the diagonal block (mask on). Stage 2: every block below it.
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
                                       stride_qt, stride_dot, offs_n, offs_d,
                                       diag, tl.minimum(diag + BLOCK_N, N_CTX), qk_scale, N_CTX,
@@ -629,25 +642,24 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                                       diag + BLOCK_N, N_CTX, qk_scale, N_CTX,
                                       HEAD_DIM, BLOCK_D, BLOCK_M, False, DOT_PRECISION)
     dk *= sm_scale  # the chain rule through S = scale * Q K^T
-    _store_tile(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkt + offs_d[None, :],
-                dk.to(DK.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
-    _store_tile(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvt + offs_d[None, :],
-                dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    _store_rows(DK + b * stride_dkb + kv_h * stride_dkh, stride_dkt, dk.to(DK.dtype.element_ty),
+                offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DV + b * stride_dvb + kv_h * stride_dvh, stride_dvt, dv.to(DV.dtype.element_ty),
+                offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
-                       lo, hi, qk_scale, N_CTX,
+def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt,
+                       offs_m, offs_d, lo, hi, qk_scale, N_CTX,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                        ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add the contribution of key blocks [lo, hi) to one query block's dQ."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base + cols[:, None] * stride_kt + offs_d[None, :], cols, N_CTX,
-                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
-        v = _load_tile(v_base + cols[:, None] * stride_vt + offs_d[None, :], cols, N_CTX,
-                       offs_d, HEAD_DIM, ON_DIAGONAL, BLOCK_D != HEAD_DIM)
-        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse[:, None])
+        k = _load_rows(k_base, stride_kt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * qk_scale - lse[:, None])
         if ON_DIAGONAL:
             p = tl.where(offs_m[:, None] >= cols[None, :], p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -671,16 +683,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
     kv_h = h // GROUP_SIZE
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :],
-                   offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
-    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :],
-                    offs_m, N_CTX, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
+                    HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
     delta = tl.load(DELTA + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = start_m * BLOCK_M
+    # Stage 1: the diagonal block (mask on). Stage 2: every key block left of it.
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
                             offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
                             HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
@@ -688,8 +701,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
                             offs_d, 0, diag, qk_scale, N_CTX,
                             HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
     dq *= sm_scale
-    _store_tile(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqt + offs_d[None, :],
-                dq.to(DQ.dtype.element_ty), offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D != HEAD_DIM)
+    _store_rows(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, dq.to(DQ.dtype.element_ty),
+                offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
 _LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
