@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Optional  # custom_op reads the annotations (Python 3.9: no `X | None`)
 
 import torch
 import triton
@@ -45,7 +46,7 @@ import triton.language as tl
 # =============================================================================
 # 1. Launch configurations
 # =============================================================================
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 AMD_LDS_BYTES = 64 * 1024  # shared memory ("LDS") per workgroup on MI200/MI300
 MAX_HEAD_DIM = 128
 MAX_NORM_COLS = 65536  # one row must fit in one program's registers
@@ -65,8 +66,8 @@ def backend() -> str:
 # dtypes) and keeps the fastest. Notes on the choices:
 # - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
 #   memory while the tensor cores work on the current ones (H100 has 227 KiB).
-#   The backward holds two fp32 accumulators (dK, dV) per program, so its
-#   configs use 8 warps: with 4, the registers run out and spill to memory.
+#   The dK/dV kernel holds two fp32 accumulators per program, so its configs
+#   mostly use 8 warps: with 4, the registers run out and spill to memory.
 # - AMD: an AMD "warp" is a 64-lane wavefront, so num_warps=4 is 256 threads.
 #   LDS is only 64 KiB per workgroup, so tiles are smaller and num_stages is
 #   1-2. `waves_per_eu` asks the compiler to keep registers low enough for that
@@ -184,10 +185,19 @@ def _hip_has_mfma() -> bool:
     return arch.startswith(("gfx908", "gfx90a", "gfx94", "gfx95"))
 
 
+def _usable_here(config: dict) -> dict:
+    """Drop compiler options this backend lacks: AMD's keywords are an error for the
+    NVIDIA compiler, and MFMA instruction shapes mean nothing on an MI50."""
+    config = dict(config)
+    if backend() != "hip" or not _hip_has_mfma():
+        config.pop("matrix_instr_nonkdim", None)
+    if backend() != "hip":
+        config.pop("waves_per_eu", None)
+    return config
+
+
 def _triton_config(config: dict) -> triton.Config:
-    kwargs = {k: v for k, v in config.items() if k not in ("num_warps", "num_stages")}
-    if "matrix_instr_nonkdim" in kwargs and not _hip_has_mfma():
-        del kwargs["matrix_instr_nonkdim"]
+    kwargs = {k: v for k, v in _usable_here(config).items() if k not in ("num_warps", "num_stages")}
     return triton.Config(kwargs, num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
@@ -211,7 +221,7 @@ def _prune_to_fit(kernel: str):
         if kernel.startswith("rmsnorm"):
             width, elem = args["n_cols"], 4
         else:
-            width, elem = args["HEAD_DIM"], args["Q"].element_size()
+            width, elem = args["Q"].shape[-1], args["Q"].element_size()
         keep = fitting_configs(kernel, [c.all_kwargs() for c in configs], width, elem,
                                _shared_memory_limit())
         return [c for c in configs if c.all_kwargs() in keep]
@@ -252,10 +262,7 @@ def _check_forced(kernel: str, config: dict, width: int, elem_bytes: int) -> dic
                          f"{AMD_LDS_BYTES // 1024} KiB an AMD GPU has per workgroup")
     config.setdefault("num_warps", 4)
     config.setdefault("num_stages", 1 if backend() == "hip" else 2)
-    if backend() != "hip":  # AMD-only compiler options would be rejected elsewhere
-        config.pop("waves_per_eu", None)
-        config.pop("matrix_instr_nonkdim", None)
-    return config
+    return _usable_here(config)
 
 
 _LAST_CONFIG: dict[str, str] = {}
@@ -378,7 +385,7 @@ def _rmsnorm_outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
 
 
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
     the dtype PyTorch's `x * weight` would have (same as version 1)."""
     _check_device(x)
