@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -32,15 +33,36 @@ def expected_first_loss(vocab_size: int) -> float:
     return math.log(vocab_size)
 
 
+def import_triton():
+    """(triton, triton.language), or (None, None) when triton is not installed.
+
+    Without a GPU the kernels run in Triton's CPU interpreter, which must be chosen
+    before triton is first imported."""
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None, None
+    return triton, tl
+
+
 def run(stage: str, build_model, argv=None, *, description: str, init_from_v1: bool = True,
-        add_arguments=None, patches=None) -> int:
+        add_arguments=None, patches=None, needs_triton: bool = False) -> int:
     """Run one stage through harness.main.
 
     add_arguments(group) adds the stage's own flags (--fixed is always there);
     patches(args) returns context managers that plant a mistake outside the model
-    (in the timing, say) - they are active for the whole run.
+    (in the timing, say) - they are active for the whole run. A stage that needs_triton
+    says so in one line and returns 0 where triton is missing.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if needs_triton and import_triton()[0] is None:
+        print(f"{stage}: skipped - triton is not installed (pip install triton runs it on a CPU "
+              f"in the interpreter)")
+        return 0
 
     def stage_arguments(group):
         add_fixed_flag(group)

@@ -83,6 +83,12 @@ class StageRunner:
                    or [""])[-1]
         return code, result, message
 
+    def pair(self, stage: int, extra: list[str] = ()):
+        """--fixed first, then broken (what a stage records is then the broken run's)."""
+        _, fixed, _ = self.run(stage, ["--fixed", *extra], "fixed")
+        _, broken, message = self.run(stage, list(extra), "broken")
+        return broken, fixed, message
+
 
 def tokens_per_s(r: dict) -> float:
     return r["throughput"]["tokens_per_s"]
@@ -94,8 +100,7 @@ def median(r: dict, phase: str) -> float:
 
 # ------------------------------------------------------------------ one check per stage
 def check_stage1(run: StageRunner) -> Outcome:
-    _, broken, msg = run.run(1, [], "broken")
-    _, fixed, _ = run.run(1, ["--fixed"], "fixed")
+    broken, fixed, msg = run.pair(1)
     if broken is None:  # large models overflow outright: exit 4 is the same symptom
         return Outcome(1, True, f"the run failed: {msg}")
     expected = common.expected_first_loss(broken["config"]["vocab_size"])
@@ -108,28 +113,20 @@ def check_stage2(run: StageRunner) -> Outcome:
     stage = importlib.import_module(STAGES[2][0])
     if stage.triton is None:
         return Outcome(2, None, "skipped: triton is not installed")
-    _, broken, msg = run.run(2, run.interpreter_args(), "broken")
-    seen = stage.input_strides()
-    _, fixed, _ = run.run(2, ["--fixed", *run.interpreter_args()], "fixed")
+    broken, fixed, msg = run.pair(2, run.interpreter_args())
     if broken is None:
         return Outcome(2, False, f"the run failed: {msg}")
-    strides = f"kernel read gate{seen['shape']} with strides {seen['gate']}"
-    if not run.gpu:
-        return Outcome(2, None, f"{strides} (row-major would be ({seen['shape'][1]}, 1)); "
-                                f"losses match fixed: {_same_losses(broken, fixed)}; "
-                                f"the slowdown needs a GPU")
-    ratio = tokens_per_s(fixed) / tokens_per_s(broken)
-    return Outcome(2, ratio > 1.05, f"{strides}; fixed is {ratio:.2f}x faster "
-                                    f"({tokens_per_s(broken):,.0f} vs {tokens_per_s(fixed):,.0f} tok/s)")
+    seen = stage.input_strides()
+    return compare_speed(2, run, broken, fixed, 1.05,
+                         f"kernel read gate{seen['shape']} with strides {seen['gate']} "
+                         f"(row-major would be ({seen['shape'][1]}, 1)); ")
 
 
 def check_stage3(run: StageRunner) -> Outcome:
     if not run.gpu:
         return Outcome(3, None, "not observable: a CPU finishes each operation before the next "
                                 "starts, so host clocks are exact there - the symptom needs a GPU")
-    args = ["--log-every", "1"]  # read the loss every step, as most training scripts do
-    _, broken, msg = run.run(3, args, "broken")
-    _, fixed, _ = run.run(3, ["--fixed", *args], "fixed")
+    broken, fixed, msg = run.pair(3, ["--log-every", "1"])  # read the loss every step, as most scripts do
     if broken is None:
         return Outcome(3, False, f"the run failed: {msg}")
 
@@ -162,19 +159,25 @@ def check_stage4(run: StageRunner) -> Outcome:
 
 
 def check_stage5(run: StageRunner) -> Outcome:
-    stage = importlib.import_module(STAGES[5][0])
-    if stage.triton is None:
+    if importlib.import_module(STAGES[5][0]).triton is None:
         return Outcome(5, None, "skipped: triton is not installed")
-    _, broken, msg = run.run(5, run.interpreter_args(), "broken")
-    _, fixed, _ = run.run(5, ["--fixed", *run.interpreter_args()], "fixed")
+    broken, fixed, msg = run.pair(5, run.interpreter_args())
     if broken is None:
         return Outcome(5, False, f"the run failed: {msg}")
+    return compare_speed(5, run, broken, fixed, 1.0, "")
+
+
+def compare_speed(stage: int, run: StageRunner, broken: dict, fixed: dict, threshold: float,
+                  note: str) -> Outcome:
+    """Correct but slow: on a GPU the fixed variant must be faster; in the interpreter
+    (CPU) only the losses can be compared."""
     if not run.gpu:
-        return Outcome(5, None, f"losses match fixed: {_same_losses(broken, fixed)}; the "
-                                f"interpreter's speed says nothing - the comparison needs a GPU")
+        return Outcome(stage, None, f"{note}losses match fixed: {_same_losses(broken, fixed)}; the "
+                                    f"interpreter's speed says nothing - the slowdown needs a GPU")
     ratio = tokens_per_s(fixed) / tokens_per_s(broken)
-    return Outcome(5, ratio > 1.0, f"BLAS is {ratio:.2f}x faster ({tokens_per_s(broken):,.0f} vs "
-                                   f"{tokens_per_s(fixed):,.0f} tok/s)")
+    return Outcome(stage, ratio > threshold,
+                   f"{note}fixed is {ratio:.2f}x faster ({tokens_per_s(broken):,.0f} vs "
+                   f"{tokens_per_s(fixed):,.0f} tok/s)")
 
 
 def _same_losses(a: dict, b: dict) -> str:

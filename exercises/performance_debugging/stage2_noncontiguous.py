@@ -23,20 +23,13 @@ only `input_strides()` (what the kernel was handed) shows the mistake there.
     python exercises/performance_debugging/stage2_noncontiguous.py --num-steps 20
     python exercises/performance_debugging/stage2_noncontiguous.py --num-steps 20 --fixed
 """
-import os
 import sys
 
 import torch
 
 import common
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
+triton, tl = common.import_triton()  # on a CPU: the interpreter
 
 BLOCK = 1024
 _seen_strides: dict = {}  # what the kernel was last handed, for input_strides()
@@ -125,12 +118,9 @@ def build_model(config, fixed=False):
 
 
 def main(argv=None) -> int:
-    if triton is None:
-        print("stage2: skipped - triton is not installed (pip install triton runs it on a CPU "
-              "in the interpreter)")
-        return 0
     return common.run("stage2", build_model, argv,
-                      description="Stage 2: a Triton SwiGLU kernel handed transposed views.")
+                      description="Stage 2: a Triton SwiGLU kernel handed transposed views.",
+                      needs_triton=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ lower achieved TFLOP/s than the library's GEMMs it replaced.
 On a CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1): correct but
 thousands of times slower, so only the losses mean something there.
 """
-import os
 import sys
 
 import torch
@@ -28,13 +27,7 @@ import torch.nn as nn
 
 import common
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
+triton, tl = common.import_triton()  # on a CPU: the interpreter
 
 BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 32  # one tile size for every shape: the first mistake
 
@@ -107,12 +100,9 @@ def build_model(config, fixed=False):
 
 
 def main(argv=None) -> int:
-    if triton is None:
-        print("stage5: skipped - triton is not installed (pip install triton runs it on a CPU "
-              "in the interpreter)")
-        return 0
     return common.run("stage5", build_model, argv,
-                      description="Stage 5: every linear layer on a hand-written Triton GEMM.")
+                      description="Stage 5: every linear layer on a hand-written Triton GEMM.",
+                      needs_triton=True)
 
 
 if __name__ == "__main__":
