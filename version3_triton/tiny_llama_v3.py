@@ -103,6 +103,23 @@ def add_arguments(group) -> None:
                            help=f"{what}; --no-{flag} falls back to V2's version")
 
 
+def forced_configs(args) -> dict:
+    """Launch configurations forced through the environment, checked before training
+    starts (ValueError says what is wrong), with their defaults filled in."""
+    from harness import cli, trainer
+
+    cfg = cli.settings_from_args("v3", args, []).model
+    precision = trainer.choose_precision(args.precision, resolve_device(args.device))
+    elem_bytes = 4 if precision in ("fp32", "tf32") else 2
+    checked = {}
+    for name in tk.KERNEL_CONFIGS:
+        config = tk.forced_config(name)
+        if config is not None:
+            width = cfg.hidden_dim if name.startswith("rmsnorm") else cfg.head_dim
+            checked[name] = tk.check_config(name, config, width, elem_bytes)
+    return checked
+
+
 def model_options(args) -> dict:
     """V2's fusion switches, V3's kernel switches and any forced kernel launch configs."""
     forced = {}
@@ -116,12 +133,11 @@ def model_options(args) -> dict:
             raise UsageError("Triton's CPU interpreter cannot run bf16 attention "
                              "(use --precision fp32 on the CPU)")
         try:
-            forced = {name: tk.forced_config(name) for name in tk.KERNEL_CONFIGS}
+            forced = forced_configs(args)
         except ValueError as e:
             raise UsageError(str(e)) from None
     return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
-            "triton_attention": args.triton_attention,
-            "kernel_configs": {k: v for k, v in forced.items() if v is not None}}
+            "triton_attention": args.triton_attention, "kernel_configs": forced}
 
 
 def main(argv=None) -> int:

@@ -248,7 +248,10 @@ def forced_config(kernel: str) -> dict | None:
     return _parse_config(text, name) if text else None
 
 
-def _check_forced(kernel: str, config: dict, width: int, elem_bytes: int) -> dict:
+def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict:
+    """Validate a hand-picked launch configuration (ValueError says why); return it
+    with defaults filled in. width: head_dim for attention, hidden size for RMSNorm."""
+    config = dict(config)
     m, n = config.get("BLOCK_M"), config.get("BLOCK_N")
     if kernel in ("attn_fwd", "attn_bwd_dq") and (not m or not n or m % n):
         raise ValueError(f"{kernel}: BLOCK_M ({m}) must be a multiple of BLOCK_N ({n})")
@@ -292,7 +295,7 @@ def _launch(kernel: str, grid, *args, width: int = 0, elem_bytes: int = 2, **met
         _LAST_CONFIG[kernel] = "autotuned"
         _AUTOTUNED[kernel][grid](*args, **meta)
     else:
-        config = _check_forced(kernel, dict(config), width, elem_bytes)
+        config = check_config(kernel, config, width, elem_bytes)
         _LAST_CONFIG[kernel] = f"{how}: " + _describe(config)
         _KERNELS[kernel][grid](*args, **meta, **config)
 
