@@ -12,8 +12,9 @@
 #           SDPA (time ratio, TFLOP/s) -> $OUT_DIR/v3_kernels.json
 #   models  medium preset, bf16, 30 steps: V1 eager, V3 and V4 eager + compiled, through
 #           each version's command line -> $OUT_DIR/<version>_<mode>.json
-# Ends with one compact table. Expected wall time on an H100/H200: about 5-7 minutes
-# (mostly Triton autotuning/compilation and torch.compile; later runs reuse Triton's cache).
+# Ends with one compact table. Expected wall time on an H100/H200: about 6-8 minutes
+# (tests ~2, bench ~2, models ~3; mostly Triton compiling each kernel variant and
+# torch.compile - later runs reuse Triton's on-disk cache).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/v3}
@@ -35,8 +36,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null \
 
 if wants tests; then
     echo "== tests ($((SECONDS - start)) s)"
-    $PY -m pytest tests/test_triton_kernels.py tests/test_v3_model.py -q -p no:cacheprovider \
-        > "$OUT_DIR/tests.log" 2>&1 || failed=1
+    timeout 600 $PY -m pytest tests/test_triton_kernels.py tests/test_v3_model.py -q \
+        -p no:cacheprovider --durations=5 > "$OUT_DIR/tests.log" 2>&1 || failed=1
     tail -n 15 "$OUT_DIR/tests.log"
 fi
 
