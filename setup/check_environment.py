@@ -231,13 +231,28 @@ def check_profilers(backend: str) -> list[Check]:
     return checks
 
 
+def override_arch(version: str) -> str | None:
+    """HSA_OVERRIDE_GFX_VERSION '9.0.6' -> 'gfx906', '9.0.10' -> 'gfx90a', '11.5.1' -> 'gfx1151'."""
+    parts = version.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    major, minor, step = (int(p) for p in parts)
+    return f"gfx{major}{minor}{step:x}"
+
+
 def environment_notes() -> list[Check]:
-    notes = [Check(var, "info", f"{var}={os.environ[var]}") for var in ENV_VARS if var in os.environ]
-    override = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
-    if override and override not in ("9.0.6",):
-        notes.append(Check("HSA_OVERRIDE_GFX_VERSION", "warn",
-                           f"set to {override}: pretending to be another GPU causes memory access "
-                           "faults on a real MI50", "on an MI50 use 9.0.6 (its own gfx906) or unset it"))
+    notes = []
+    for var in ENV_VARS:
+        if var not in os.environ:
+            continue
+        value = os.environ[var]
+        detail = f"{var}={value}"
+        if var == "HSA_OVERRIDE_GFX_VERSION":
+            arch = override_arch(value)
+            detail += (f": the ROCm runtime treats the GPU as {arch or 'an unparsable version'}; "
+                       f"needed only where the wheel lacks your GPU's architecture (a wrong value "
+                       f"causes memory access faults; an MI50 is 9.0.6)")
+        notes.append(Check(var, "info", detail))
     return notes
 
 

@@ -72,3 +72,13 @@ def test_version_parsing():
     assert mod.version_tuple("2.13.0+cpu") >= mod.version_tuple("2.4")
     assert mod.check_arch_in_build("gfx906", ["gfx90a", "gfx942"]).status == "warn"
     assert mod.check_arch_in_build("gfx90a:sramecc+:xnack-", ["gfx90a"]).status == "ok"
+    assert [mod.override_arch(v) for v in ("9.0.6", "9.0.10", "11.5.1", "x")] == \
+        ["gfx906", "gfx90a", "gfx1151", None]
+
+
+def test_rocm_environment_variables_are_reported():
+    proc = run_cli([SCRIPT], env={"HSA_OVERRIDE_GFX_VERSION": "9.0.6", "HIP_VISIBLE_DEVICES": "0"},
+                   timeout=120)
+    assert proc.returncode == 0
+    assert "HSA_OVERRIDE_GFX_VERSION=9.0.6: the ROCm runtime treats the GPU as gfx906" in proc.stdout
+    assert "HIP_VISIBLE_DEVICES=0" in proc.stdout
