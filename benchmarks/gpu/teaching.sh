@@ -15,10 +15,11 @@
 #   roofline ceilings of this GPU, V1 and V4 profiled, kernels on the roofline
 # Every training run writes $OUT_DIR/<section>/<name>.json (the results schema) and one
 # line to $OUT_DIR/<section>/runs.log; the script ends with one compact table per section.
-# Expected wall time on one H100/H200: about 9-12 minutes for everything (about 50
-# short runs of 25 steps, most of it Python start-up and torch.compile); run it in two
-# calls if a call is limited to 10 minutes, e.g. `... teaching.sh env debug v1 levers`
-# then `... teaching.sh v2 v3 v4 roofline`.
+# Expected wall time on one H100/H200: about 15 minutes for everything (about 50 short
+# runs of 25 steps: Python start-up, torch.compile and V3's autotuning dominate). Where a
+# call is limited to 10 minutes run it in three calls of ~5 minutes each:
+#   teaching.sh env debug v1      teaching.sh levers v2 v3      teaching.sh v4 roofline
+# (each call keeps the other sections' results under the same OUT_DIR).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/teaching}
