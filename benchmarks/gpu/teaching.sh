@@ -17,9 +17,11 @@
 # line to $OUT_DIR/<section>/runs.log; the script ends with one compact table per section.
 # Expected wall time on one H100/H200: about 15 minutes for everything (about 50 short
 # runs of 25 steps: Python start-up, torch.compile and V3's autotuning dominate). Where a
-# call is limited to 10 minutes run it in three calls of ~5 minutes each:
-#   teaching.sh env debug v1      teaching.sh levers v2 v3      teaching.sh v4 roofline
-# (each call keeps the other sections' results under the same OUT_DIR).
+# call is limited to 10 minutes run it in three calls of ~5 minutes each, naming the
+# sections as arguments or in TEACHING_SECTIONS (for benchmarks/gpu/run.sh, which passes none):
+#   TEACHING_SECTIONS="env debug v1" bash benchmarks/gpu/run.sh teaching
+#   TEACHING_SECTIONS="levers v2 v3" bash benchmarks/gpu/run.sh teaching
+#   TEACHING_SECTIONS="v4 roofline"  bash benchmarks/gpu/run.sh teaching
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT_DIR:-results/teaching}
@@ -30,7 +32,7 @@ SMALL=${SMALL_PRESET:-small}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(env debug v1 levers v2 v3 v4 roofline)
+[ ${#SECTIONS[@]} -gt 0 ] || read -r -a SECTIONS <<< "${TEACHING_SECTIONS:-env debug v1 levers v2 v3 v4 roofline}"
 wants() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
 failed=0
 
