@@ -17,7 +17,7 @@ from conftest import HAS_GPU, gpu
 
 tk = pytest.importorskip("version3_triton.triton_kernels", reason="needs triton")
 DEVICE = "cuda" if HAS_GPU else "cpu"
-KERNELS = list(tk.KERNEL_CONFIGS)
+KERNELS = list(tk.KERNEL_NAMES)
 
 
 @pytest.fixture(autouse=True)
@@ -190,23 +190,38 @@ def test_config_text_from_the_environment(monkeypatch):
         tk.forced_config("attn_bwd_dq")
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", list(tk.KERNEL_CONFIGS))
 def test_amd_configs_fit_in_64_kib_of_lds(kernel):
     """MI200/MI300 give a workgroup 64 KiB of LDS (H100: 227 KiB). Every AMD candidate
     fits at the workshop's head size 64 in bf16, and whatever the autotuner may pick
     for any head size (16..128) and dtype stays within 64 KiB."""
     configs = tk.KERNEL_CONFIGS[kernel]["hip"]
-    width = 1024 if kernel.startswith("rmsnorm") else 64
     for config in configs:
-        need = tk.shared_memory_estimate(kernel, config, width, 2)
+        need = tk.shared_memory_estimate(kernel, config, 64, 2)
         assert need <= tk.AMD_LDS_BYTES, f"{config} needs {need} bytes"
-    widths = (1, 1000, 65536) if kernel.startswith("rmsnorm") else (16, 32, 64, 96, 128)
-    for width in widths:
+    for width in (16, 32, 64, 96, 128):
         for elem_bytes in (2, 4):
             allowed = tk.fitting_configs(kernel, configs, width, elem_bytes, tk.AMD_LDS_BYTES)
             assert allowed, (width, elem_bytes)
             for config in allowed:
                 assert tk.shared_memory_estimate(kernel, config, width, elem_bytes) <= tk.AMD_LDS_BYTES
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
+    """The RMSNorm rule (no autotuning): a tile holds whole rows, ~8+ elements per
+    thread, 1..16 warps, for hidden sizes 1..64k; 1024 gets one row per forward program."""
+    for n_cols in (1, 37, 64, 1000, 1024, 4096, 65536):
+        config = tk.rmsnorm_config(kernel, n_cols)
+        tile = config["BLOCK_ROWS"] * triton_next_power_of_2(n_cols)
+        assert 1 <= config["num_warps"] <= 16 and config["BLOCK_ROWS"] >= 1
+        assert config["num_warps"] == 1 or tile // (32 * config["num_warps"]) >= 8, config
+        assert tk.check_config(kernel, config, n_cols, 2)  # a legal forced config too
+    assert tk.rmsnorm_config("rmsnorm_fwd", 1024)["BLOCK_ROWS"] == 1
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def test_nvidia_configs_are_legal_block_shapes():
@@ -231,6 +246,27 @@ def test_ops_are_registered_and_counted_by_flop_counter():
     forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
     assert counts["tinyllama_v3.attention_forward"] == forward
     assert counts["tinyllama_v3.attention_backward"] == 2.5 * forward
+
+
+def test_eager_calls_skip_the_operators_and_choose_each_config_once(monkeypatch):
+    """Host overhead: in plain eager mode the autograd.Functions call the Python
+    launchers directly (no operator dispatch), and the launch configuration is
+    chosen once per shape key - a second call with the same key decides nothing."""
+    if not tk._HAS_CUSTOM_OP:
+        pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op")
+    (q, k, v), grad = attention_inputs(1, 2, 1, 9, 16)
+    x, w = torch.randn(3, 16, device=DEVICE), torch.randn(16, device=DEVICE)
+    forward_backward(tk.flash_attention, [q, k, v], grad)  # first call: configs chosen
+    forward_backward(tk.rms_norm, [x, w], x)
+
+    def no_choosing(*args, **kwargs):
+        raise AssertionError("a launch configuration was chosen again for a known key")
+
+    assert not tk._through_ops()
+    monkeypatch.setattr(tk, "_ops", None)  # any use of the operators would fail
+    monkeypatch.setattr(tk, "_choose", no_choosing)
+    forward_backward(tk.flash_attention, [q, k, v], grad)
+    forward_backward(tk.rms_norm, [x, w], x)
 
 
 def test_torch_compile_traces_through_the_custom_ops():

@@ -112,7 +112,7 @@ def forced_configs(args) -> dict:
     precision = trainer.choose_precision(args.precision, resolve_device(args.device))
     elem_bytes = 4 if precision in ("fp32", "tf32") else 2
     checked = {}
-    for name in tk.KERNEL_CONFIGS:
+    for name in tk.KERNEL_NAMES:
         config = tk.forced_config(name)
         if config is not None:
             width = cfg.hidden_dim if name.startswith("rmsnorm") else cfg.head_dim

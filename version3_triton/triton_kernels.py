@@ -7,9 +7,9 @@ Read it in this order:
   2. RMSNorm - a memory-bound row reduction: one read, one write, maths in fp32.
   3. Flash attention - tiling plus the "online softmax", so the (T x T) score
      matrix never exists in memory; the backward recomputes it tile by tile.
-  4. The PyTorch side - autograd.Functions whose forward/backward call the
-     kernels through `torch.library.custom_op`, so torch.compile and
-     FlopCounterMode see one named operator instead of an opaque Python call.
+  4. The PyTorch side - autograd.Functions whose forward/backward launch the
+     kernels; registered with `torch.library.custom_op` too, so torch.compile
+     and FlopCounterMode see one named operator instead of opaque Python.
 
 Why fp32 accumulation everywhere: bf16 keeps 8 bits of mantissa, so a sum of
 1024 squares (RMSNorm) or a softmax denominator over 2048 keys loses the small
@@ -17,9 +17,10 @@ terms entirely. Tiles are *loaded* in the input precision (that is where the
 memory traffic is) and every sum, max and exp is done in fp32 registers.
 
 Changing the launch configuration (exercise): without a forced configuration,
-each kernel is autotuned over a few candidates per vendor (see the *_CONFIGS
-tables) once per sequence length / head size / dtype. To pin one, either set
-an environment variable before the run, e.g.
+each attention kernel is autotuned over a few candidates per vendor (see the
+*_CONFIGS tables) once per sequence length / head size / GQA group / dtype;
+RMSNorm uses a fixed rule (rmsnorm_config). To pin one, either set an
+environment variable before the run, e.g.
 
     V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4,num_stages=2" \\
         python version3_triton/tiny_llama_v3.py --preset medium
@@ -35,6 +36,7 @@ the kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional  # custom_op reads the annotations (Python 3.9: no `X | None`)
@@ -50,10 +52,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on
 AMD_LDS_BYTES = 64 * 1024  # shared memory ("LDS") per workgroup on MI200/MI300
 MAX_HEAD_DIM = 128
 MAX_NORM_COLS = 65536  # one row must fit in one program's registers
-MAX_NORM_TILE = 16384  # elements per multi-row RMSNorm tile (BLOCK_ROWS x BLOCK_COLS)
 NORM_SCRATCH_BYTES = 16 * 1024
 
 
+@functools.lru_cache(maxsize=None)
 def backend() -> str:
     """'interpreter', 'hip' (AMD ROCm) or 'cuda' (NVIDIA): picks the config table."""
     if INTERPRET:
@@ -61,13 +63,13 @@ def backend() -> str:
     return "hip" if getattr(torch.version, "hip", None) else "cuda"
 
 
-# Each kernel has a few candidate configurations per backend; the autotuner
-# times them on the first call with a new key (sequence length, head size,
-# dtypes) and keeps the fastest. Notes on the choices:
+# Each attention kernel has a few candidate configurations per backend; the
+# autotuner times them on the first call with a new key (sequence length, head
+# size, GQA group, dtype) and keeps the fastest. Notes on the choices:
 # - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
 #   memory while the tensor cores work on the current ones (H100 has 227 KiB).
-#   The dK/dV kernel holds two fp32 accumulators per program, so its configs
-#   mostly use 8 warps: with 4, the registers run out and spill to memory.
+#   The dK/dV kernel holds two fp32 accumulators per program: with big key
+#   blocks it needs 8 warps, or the registers run out and spill to memory.
 # - AMD: an AMD "warp" is a 64-lane wavefront, so num_warps=4 is 256 threads.
 #   LDS is only 64 KiB per workgroup, so tiles are smaller and num_stages is
 #   1-2. `waves_per_eu` asks the compiler to keep registers low enough for that
@@ -78,66 +80,65 @@ def backend() -> str:
 #   tiny test shapes still span several blocks and hit every ragged edge.
 # Flash attention needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and
 # BLOCK_N % BLOCK_M == 0 (dK/dV): the diagonal block is cut into whole tiles.
+def _cfgs(*rows, **amd) -> list[dict]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, waves_per_eu]) rows -> config dicts."""
+    out = []
+    for m, n, warps, stages, *waves in rows:
+        config = dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=stages)
+        if waves:
+            config.update(waves_per_eu=waves[0], **amd)
+        out.append(config)
+    return out
+
+
+_MFMA16 = dict(matrix_instr_nonkdim=16)
 ATTN_FWD_CONFIGS = {
-    "cuda": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-             dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-             dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
-             dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)],
-    "hip": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=3,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
+    "cuda": _cfgs((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3),
+                  (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2)),
+    "hip": _cfgs((128, 64, 4, 1, 2), (128, 32, 4, 1, 2), (64, 64, 4, 1, 3), **_MFMA16)
+    + [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": _cfgs((32, 32, 4, 1)),
 }
 ATTN_BWD_DKDV_CONFIGS = {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
-    "cuda": [dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-             dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=3),
-             dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-             dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=3),
-             dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)],
-    "hip": [dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=1, waves_per_eu=1,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
+    "cuda": _cfgs((32, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 3),
+                  (16, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)),
+    "hip": _cfgs((32, 128, 4, 1, 1), (32, 64, 4, 1, 2), (16, 64, 4, 1, 2), **_MFMA16)
+    + [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": _cfgs((32, 32, 4, 1)),
 }
 ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per step
-    "cuda": [dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=4),
-             dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
-             dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-             dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-             dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)],
-    "hip": [dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=1,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=2,
-                 matrix_instr_nonkdim=16),
-            dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
-    "interpreter": [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)],
+    "cuda": _cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 4, 3),
+                  (128, 32, 8, 3), (128, 64, 8, 3)),
+    "hip": _cfgs((128, 32, 4, 1, 1), (64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
+    + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
+    "interpreter": _cfgs((32, 32, 4, 1)),
 }
-# RMSNorm: BLOCK_ROWS rows per tile; a row is BLOCK_COLS = next_power_of_2(hidden).
-# Several short rows per program keep enough bytes in flight; wide rows (8k+)
-# need more warps so each thread's share of the row fits in registers.
-_NORM = [dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
-         for rows, warps in ((1, 4), (2, 4), (4, 8), (8, 8), (1, 16), (4, 16))]
-RMSNORM_FWD_CONFIGS = {"cuda": _NORM, "hip": _NORM,
-                       "interpreter": [dict(BLOCK_ROWS=16, num_warps=4, num_stages=1)]}
-RMSNORM_BWD_CONFIGS = RMSNORM_FWD_CONFIGS
-
-KERNEL_CONFIGS = {"rmsnorm_fwd": RMSNORM_FWD_CONFIGS, "rmsnorm_bwd": RMSNORM_BWD_CONFIGS,
-                  "attn_fwd": ATTN_FWD_CONFIGS, "attn_bwd_dkdv": ATTN_BWD_DKDV_CONFIGS,
-                  "attn_bwd_dq": ATTN_BWD_DQ_CONFIGS}
+KERNEL_CONFIGS = {"attn_fwd": ATTN_FWD_CONFIGS, "attn_bwd_dkdv": ATTN_BWD_DKDV_CONFIGS,
+                  "attn_bwd_dq": ATTN_BWD_DQ_CONFIGS}  # the autotuned kernels
+# RMSNorm is not autotuned: it is memory-bound and the rule of the Triton
+# layer-norm tutorial (a whole row per program, ~8 elements per thread) is
+# already close to the copy bandwidth. See rmsnorm_config().
+KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", *KERNEL_CONFIGS)
 FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over autotuning
 AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
+
+
+def rmsnorm_config(kernel: str, n_cols: int) -> dict:
+    """The RMSNorm launch configuration for rows of n_cols elements.
+
+    BLOCK_COLS = next_power_of_2(n_cols) holds a whole row. Short rows (< 1024)
+    are stacked BLOCK_ROWS per program so each program still moves a few KiB.
+    Warps: enough threads that each holds ~8 elements of the tile - 16 bytes of
+    bf16, one vectorised load per thread per row - and never more than 16.
+    The backward takes 4x taller tiles: its programs loop over many rows, and
+    more rows per step keep more loads in flight.
+    """
+    cols = triton.next_power_of_2(n_cols)
+    rows = max(1, 1024 // cols) * (4 if kernel == "rmsnorm_bwd" else 1)
+    lanes = 64 if backend() == "hip" else 32
+    warps = min(16, max(1, rows * cols // (8 * lanes)))
+    return dict(BLOCK_ROWS=rows, num_warps=triton.next_power_of_2(warps), num_stages=1)
 
 
 def shared_memory_estimate(kernel: str, config: dict, width: int, elem_bytes: int) -> int:
@@ -168,6 +169,7 @@ def shared_memory_estimate(kernel: str, config: dict, width: int, elem_bytes: in
     return tiles * elem_bytes
 
 
+@functools.lru_cache(maxsize=None)
 def _shared_memory_limit() -> int:
     if backend() == "hip":
         return AMD_LDS_BYTES
@@ -177,6 +179,7 @@ def _shared_memory_limit() -> int:
     return 1 << 30  # the interpreter has no limit
 
 
+@functools.lru_cache(maxsize=None)
 def _hip_has_mfma() -> bool:
     """MI100 and newer (gfx908/90a/94x/95x) have matrix cores; MI50 (gfx906) does not."""
     if not torch.cuda.is_available():
@@ -203,29 +206,11 @@ def _triton_config(config: dict) -> triton.Config:
 
 def fitting_configs(kernel: str, configs: list[dict], width: int, elem_bytes: int,
                     limit: int) -> list[dict]:
-    """The candidates the autotuner may try: attention configs whose shared memory
-    fits `limit` (the smallest one if none does); RMSNorm tiles of several rows
-    only while the rows are short (MAX_NORM_TILE)."""
-    if kernel.startswith("rmsnorm"):
-        cols = triton.next_power_of_2(width)
-        return [c for c in configs if c["BLOCK_ROWS"] == 1 or c["BLOCK_ROWS"] * cols <= MAX_NORM_TILE]
+    """The candidates the autotuner may try: those whose shared memory fits
+    `limit` (the smallest one if none does)."""
     need = [shared_memory_estimate(kernel, c, width, elem_bytes) for c in configs]
     fitting = [c for c, n in zip(configs, need) if n <= limit]
     return fitting or [configs[need.index(min(need))]]
-
-
-def _prune_to_fit(kernel: str):
-    """The autotuner's early_config_prune hook, built on fitting_configs."""
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}
-        if kernel.startswith("rmsnorm"):
-            width, elem = args["n_cols"], 4
-        else:
-            width, elem = args["Q"].shape[-1], args["Q"].element_size()
-        keep = fitting_configs(kernel, [c.all_kwargs() for c in configs], width, elem,
-                               _shared_memory_limit())
-        return [c for c in configs if c.all_kwargs() in keep]
-    return prune
 
 
 def _parse_config(text: str, source: str) -> dict:
@@ -239,11 +224,14 @@ def _parse_config(text: str, source: str) -> dict:
     return config
 
 
+_ENV_NAMES = {name: f"V3_{name.upper()}_CONFIG" for name in KERNEL_NAMES}
+
+
 def forced_config(kernel: str) -> dict | None:
     """The configuration the user pinned for `kernel` (FORCED_CONFIGS or env), else None."""
     if kernel in FORCED_CONFIGS:
         return dict(FORCED_CONFIGS[kernel])
-    name = f"V3_{kernel.upper()}_CONFIG"
+    name = _ENV_NAMES[kernel]
     text = os.environ.get(name)
     return _parse_config(text, name) if text else None
 
@@ -268,36 +256,60 @@ def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict
     return _usable_here(config)
 
 
-_LAST_CONFIG: dict[str, str] = {}
-
-
 def _describe(config: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None and k != "num_ctas")
 
 
+# Host overhead matters: at the workshop's sizes a kernel runs for 10-100 us,
+# about what Python spends deciding how to launch it. So every decision is made
+# once per (kernel, shape key) and remembered in _CHOSEN: later calls are one
+# dict lookup and the plain `kernel[grid](...)` launch. Triton's Autotuner is
+# only called on the first launch with a new key, to time the candidates.
+_CHOSEN: dict[tuple, tuple[dict, str]] = {}  # (kernel, key, ...) -> (launch kwargs, description)
+_LAST_CONFIG: dict[str, str] = {}
+
+
 def chosen_configs() -> dict[str, str]:
-    """Kernel name -> the configuration it last ran with (autotuned or forced)."""
-    for name, tuned in _AUTOTUNED.items():
-        best = getattr(tuned, "best_config", None)
-        if best is not None and _LAST_CONFIG.get(name, "autotuned") == "autotuned":
-            _LAST_CONFIG[name] = "autotuned: " + _describe(best.all_kwargs())
+    """Kernel name -> the configuration it last ran with (autotuned, heuristic or forced)."""
     return dict(_LAST_CONFIG)
 
 
-def _launch(kernel: str, grid, *args, width: int = 0, elem_bytes: int = 2, **meta):
-    """Run `kernel` with the forced configuration if there is one, else autotuned
-    (or, with AUTOTUNE off, with the first candidate that fits)."""
-    config, how = forced_config(kernel), "forced"
-    if config is None and not AUTOTUNE:
-        config, how = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
-                                      _shared_memory_limit())[0], "first candidate"
-    if config is None:
-        _LAST_CONFIG[kernel] = "autotuned"
-        _AUTOTUNED[kernel][grid](*args, **meta)
-    else:
-        config = check_config(kernel, config, width, elem_bytes)
-        _LAST_CONFIG[kernel] = f"{how}: " + _describe(config)
-        _KERNELS[kernel][grid](*args, **meta, **config)
+def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: int):
+    """Pick the launch kwargs for `kernel`: forced, heuristic (RMSNorm), the first
+    fitting candidate (AUTOTUNE off) or autotuned - which launches the kernel once
+    per candidate, so the caller must not launch it again. Returns (kwargs, how,
+    launched)."""
+    forced = forced_config(kernel)
+    if forced is not None:
+        return check_config(kernel, forced, width, elem_bytes), "forced", False
+    if kernel.startswith("rmsnorm"):
+        return rmsnorm_config(kernel, width), "heuristic", False
+    candidates = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
+                                 _shared_memory_limit())
+    if not AUTOTUNE or len(candidates) == 1:
+        return _usable_here(candidates[0]), "first candidate", False
+    tuner = triton.autotune(configs=[_triton_config(c) for c in candidates], key=[])(_KERNELS[kernel])
+    tuner[grid](*args, **meta)  # times every candidate, then runs the best one
+    return tuner.best_config.all_kwargs(), "autotuned", True
+
+
+def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, **meta):
+    """Launch `kernel` over grid(config) with the configuration chosen for `key`.
+
+    key: what the choice depends on (sizes, dtypes); forced configurations and
+    the AUTOTUNE switch are looked up on every call (cheap), so the exercise
+    knobs also work in a running Python session."""
+    forced = FORCED_CONFIGS.get(kernel) or os.environ.get(_ENV_NAMES[kernel])
+    cache_key = (kernel, key, AUTOTUNE, str(forced) if forced else None)
+    chosen = _CHOSEN.get(cache_key)
+    if chosen is None:
+        config, how, launched = _choose(kernel, key, grid, args, meta, width, elem_bytes)
+        chosen = _CHOSEN[cache_key] = (config, f"{how}: " + _describe(config))
+        _LAST_CONFIG[kernel] = chosen[1]
+        if launched:
+            return
+    config, _LAST_CONFIG[kernel] = chosen
+    _KERNELS[kernel][grid(config)](*args, **meta, **config)
 
 
 # =============================================================================
@@ -399,17 +411,15 @@ def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
     n_rows = x2.shape[0]
     if n_rows == 0:
         return y, rstd
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_ROWS"]),)  # noqa: E731
-    _launch("rmsnorm_fwd", grid, x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
-            width=n_cols, BLOCK_COLS=block_cols)
+    _launch("rmsnorm_fwd", lambda c: (triton.cdiv(n_rows, c["BLOCK_ROWS"]),), (n_cols,),
+            x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
+            width=n_cols, elem_bytes=x.element_size(), BLOCK_COLS=block_cols)
     return y, rstd
 
 
-def _rmsnorm_bwd_programs(n_rows: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU a few times over; each writes one dw partial."""
-    if device.type == "cpu":
-        return max(1, min(n_rows, 3))
-    return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -420,14 +430,17 @@ def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     x2, dy2 = _as_rows(x, n_cols), _as_rows(grad_y, n_cols)
     n_rows = x2.shape[0]
     dx = _empty((n_rows, n_cols), x.dtype, x.device)
-    programs = _rmsnorm_bwd_programs(n_rows, x.device)
+    if n_rows == 0:
+        return dx.view(x.shape), torch.zeros_like(weight)
+    # One wave of programs: ~4 per compute unit, each walking a contiguous chunk
+    # of rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100).
+    programs = max(1, min(n_rows, 4 * _sm_count(x.device) if x.is_cuda else 3))
     partial = _empty((programs, n_cols), torch.float32, x.device)
-    if n_rows:
-        _launch("rmsnorm_bwd", (programs,), dy2, x2, weight, rstd, dx, partial, n_rows, n_cols,
-                triton.cdiv(n_rows, programs), dy2.stride(0), x2.stride(0), n_cols,
-                width=n_cols, BLOCK_COLS=block_cols)
-    dw = partial.sum(dim=0) if n_rows else torch.zeros(n_cols, device=x.device)
-    return dx.view(x.shape), dw.to(weight.dtype)
+    _launch("rmsnorm_bwd", lambda c: (programs,), (n_cols,),
+            dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, triton.cdiv(n_rows, programs),
+            dy2.stride(0), x2.stride(0), n_cols,
+            width=n_cols, elem_bytes=x.element_size(), BLOCK_COLS=block_cols)
+    return dx.view(x.shape), partial.sum(dim=0).to(weight.dtype)
 
 
 # =============================================================================
@@ -559,30 +572,14 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
 # Backward. With S = scale * Q K^T, P = softmax(S), O = P V and dO given:
 #   dV = P^T dO        dP = dO V^T        dS = P * (dP - delta)
 #   dQ = scale * dS K  dK = scale * dS^T Q
-# where delta_i = sum_j P_ij dP_ij = sum_d O_id dO_id (one number per row,
-# computed first by a small "preprocess" kernel). P is *recomputed* from Q, K
-# and the saved LSE: recomputing costs FLOPs, storing it would cost T^2 memory.
-# Two kernels share the work without atomics: one program per key block
-# accumulates dK, dV over every query block (and every query head of its GQA
-# group); one program per query block accumulates dQ over every key block.
-@triton.jit
-def _attn_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot,
-                                stride_dob, stride_doh, stride_dot, num_heads, N_CTX,
-                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                BLOCK_M: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = pid_bh % num_heads
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
-                   HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
-                    HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
-
-
+# where delta_i = sum_j P_ij dP_ij = sum_d O_id dO_id (one number per row).
+# P is *recomputed* from Q, K and the saved LSE: recomputing costs FLOPs,
+# storing it would cost T^2 memory. Two kernels share the work without
+# atomics: one program per query block accumulates dQ over every key block,
+# and one program per key block accumulates dK, dV over every query block (and
+# every query head of its GQA group). The dQ kernel runs first: it loads its
+# rows of dO anyway, so it also computes their delta and stores it for the
+# dK/dV kernel - no separate "preprocess" kernel (one launch less).
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                          stride_qt, stride_dot, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
@@ -679,10 +676,10 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
                         stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                        stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
-                        stride_dqb, stride_dqh, stride_dqt,
+                        stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                        stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
                         num_heads, N_CTX, sm_scale, qk_scale,
                         GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -698,7 +695,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA,
     do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
                     HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
-    delta = tl.load(DELTA + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
+    o = _load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # rows past the end: 0
+    tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)  # for dK/dV
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -762,6 +762,12 @@ def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _tuning_key(q: torch.Tensor, meta: dict) -> tuple:
+    """What the best attention config depends on: sequence length, head size, GQA
+    group, dtype (and fp32's dot precision) - not batch or head count."""
+    return q.shape[2], q.dtype, *meta.values()
+
+
 def _head_meta(q, k) -> dict:
     D = q.shape[-1]
     return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
@@ -777,10 +783,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o, lse = _attention_outputs(q)
     if o.numel() == 0:
         return o, lse
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _launch("attn_fwd", grid, q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v),
-            *_strides(o), H, T, sm_scale * _LOG2_E, width=D, elem_bytes=q.element_size(),
-            **_head_meta(q, k))
+    meta = _head_meta(q, k)
+    _launch("attn_fwd", lambda c: (triton.cdiv(T, c["BLOCK_M"]), B * H), _tuning_key(q, meta),
+            q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+            H, T, sm_scale * _LOG2_E, width=D, elem_bytes=q.element_size(), **meta)
     return o, lse
 
 
@@ -795,35 +801,22 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     if q.numel() == 0:
         return dq, dk, dv
     meta = _head_meta(q, k)
-    size = dict(width=D, elem_bytes=q.element_size())
-    delta = _empty(lse.shape, torch.float32, lse.device)
-    rows = 64  # a simple row-wise reduction: not worth tuning
-    _attn_bwd_preprocess_kernel[(triton.cdiv(T, rows), B * H)](
-        o, grad_o, delta, *_strides(o), *_strides(grad_o), H, T,
-        HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=rows)
-    _launch("attn_bwd_dkdv", lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H_kv),
+    key, size = _tuning_key(q, meta), dict(width=D, elem_bytes=q.element_size())
+    delta = _empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
+    _launch("attn_bwd_dq", lambda c: (triton.cdiv(T, c["BLOCK_M"]), B * H), key,
+            q, k, v, o, grad_o, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(o), *_strides(grad_o), *_strides(dq), H, T, sm_scale, sm_scale * _LOG2_E,
+            **size, **meta)
+    _launch("attn_bwd_dkdv", lambda c: (triton.cdiv(T, c["BLOCK_N"]), B * H_kv), key,
             q, k, v, grad_o, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
             *_strides(grad_o), *_strides(dk), *_strides(dv), H_kv, T, sm_scale,
             sm_scale * _LOG2_E, **size, **meta)
-    _launch("attn_bwd_dq", lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H),
-            q, k, v, grad_o, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
-            *_strides(grad_o), *_strides(dq), H, T, sm_scale, sm_scale * _LOG2_E, **size, **meta)
     return dq, dk, dv
 
 
-# The raw kernels (used with a forced config) and their autotuned twins.
 _KERNELS = {"rmsnorm_fwd": _rmsnorm_fwd_kernel, "rmsnorm_bwd": _rmsnorm_bwd_kernel,
             "attn_fwd": _attn_fwd_kernel, "attn_bwd_dkdv": _attn_bwd_dkdv_kernel,
             "attn_bwd_dq": _attn_bwd_dq_kernel}
-_TUNING_KEYS = {"rmsnorm_fwd": ["n_cols"], "rmsnorm_bwd": ["n_cols"],
-                "attn_fwd": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"],
-                "attn_bwd_dkdv": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"],
-                "attn_bwd_dq": ["N_CTX", "HEAD_DIM", "GROUP_SIZE"]}
-_AUTOTUNED = {
-    name: triton.autotune(configs=[_triton_config(c) for c in KERNEL_CONFIGS[name][backend()]],
-                          key=_TUNING_KEYS[name],
-                          prune_configs_by={"early_config_prune": _prune_to_fit(name)})(kernel)
-    for name, kernel in _KERNELS.items()}
 
 
 # =============================================================================
@@ -832,8 +825,13 @@ _AUTOTUNED = {
 # torch.library.custom_op turns each launcher into a named operator
 # (torch.ops.tinyllama_v3.*). torch.compile then treats it as one opaque node
 # (using the "fake" function to learn output shapes without running it), and
-# FlopCounterMode can count it with the formula registered below. On torch
-# older than 2.4 the plain Python launchers are used instead.
+# FlopCounterMode can count it with the formula registered below.
+# But an operator call costs host time (dispatcher, schema checks: ~10-20 us),
+# paid for every kernel of every layer. So the autograd.Functions call the
+# plain Python launchers in ordinary eager runs and go through the operators
+# only when someone is watching: while torch.compile traces, or while a
+# dispatch mode (FlopCounterMode, fake tensors, ...) is active. On torch older
+# than 2.4 (no custom_op) the plain launchers are always used.
 _HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
 
 
@@ -881,11 +879,12 @@ def _register_flop_formulas(ops) -> None:
 
 if _HAS_CUSTOM_OP:
     _ops = _register_ops()
-    _rmsnorm_fwd, _rmsnorm_bwd = _ops.rmsnorm_forward, _ops.rmsnorm_backward
-    _attention_fwd, _attention_bwd = _ops.attention_forward, _ops.attention_backward
-else:
-    _rmsnorm_fwd, _rmsnorm_bwd = rmsnorm_forward, rmsnorm_backward
-    _attention_fwd, _attention_bwd = attention_forward, attention_backward
+
+
+def _through_ops() -> bool:
+    """Call the registered operators (True) or the plain launchers (False)?"""
+    return _HAS_CUSTOM_OP and (torch.compiler.is_compiling()
+                               or torch._C._len_torch_dispatch_stack() > 0)
 
 
 class TritonRMSNorm(torch.autograd.Function):
@@ -893,14 +892,16 @@ class TritonRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, out_dtype=None):
-        y, rstd = _rmsnorm_fwd(x, weight, eps, out_dtype)
+        forward = _ops.rmsnorm_forward if _through_ops() else rmsnorm_forward
+        y, rstd = forward(x, weight, eps, out_dtype)
         ctx.save_for_backward(x, weight, rstd)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _rmsnorm_bwd(grad_y, x, weight, rstd)
+        backward = _ops.rmsnorm_backward if _through_ops() else rmsnorm_backward
+        dx, dw = backward(grad_y, x, weight, rstd)
         return dx, dw, None, None
 
 
@@ -909,7 +910,8 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sm_scale):
-        o, lse = _attention_fwd(q, k, v, sm_scale)
+        forward = _ops.attention_forward if _through_ops() else attention_forward
+        o, lse = forward(q, k, v, sm_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.sm_scale = sm_scale
         return o
@@ -917,7 +919,8 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _attention_bwd(grad_o, q, k, v, o, lse, ctx.sm_scale)
+        backward = _ops.attention_backward if _through_ops() else attention_backward
+        dq, dk, dv = backward(grad_o, q, k, v, o, lse, ctx.sm_scale)
         return dq, dk, dv, None
 
 
