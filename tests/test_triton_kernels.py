@@ -215,7 +215,7 @@ def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
         config = tk.rmsnorm_config(kernel, n_cols)
         tile = config["BLOCK_ROWS"] * triton_next_power_of_2(n_cols)
         assert 1 <= config["num_warps"] <= 16 and config["BLOCK_ROWS"] >= 1
-        assert config["num_warps"] == 1 or tile // (32 * config["num_warps"]) >= 8, config
+        assert config["num_warps"] in (1, 16) or tile // (32 * config["num_warps"]) >= 8, config
         assert tk.check_config(kernel, config, n_cols, 2)  # a legal forced config too
     assert tk.rmsnorm_config("rmsnorm_fwd", 1024)["BLOCK_ROWS"] == 1
 

@@ -68,8 +68,9 @@ def backend() -> str:
 # size, GQA group, dtype) and keeps the fastest. Notes on the choices:
 # - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
 #   memory while the tensor cores work on the current ones (H100 has 227 KiB).
-#   The dK/dV kernel holds two fp32 accumulators per program: with big key
-#   blocks it needs 8 warps, or the registers run out and spill to memory.
+#   The dK/dV kernel holds K, V and two fp32 accumulators per program: at head
+#   size 128 only 8 warps with small query steps avoid spilling registers to
+#   memory (checked with the sm_90 compiler); the autotuner drops the others.
 # - AMD: an AMD "warp" is a 64-lane wavefront, so num_warps=4 is 256 threads.
 #   LDS is only 64 KiB per workgroup, so tiles are smaller and num_stages is
 #   1-2. `waves_per_eu` asks the compiler to keep registers low enough for that
@@ -100,8 +101,8 @@ ATTN_FWD_CONFIGS = {
     "interpreter": _cfgs((32, 32, 4, 1)),
 }
 ATTN_BWD_DKDV_CONFIGS = {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
-    "cuda": _cfgs((32, 64, 4, 3), (32, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 3),
-                  (16, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3)),
+    "cuda": _cfgs((32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 3), (16, 64, 8, 3),
+                  (64, 64, 8, 3), (32, 128, 8, 2), (16, 128, 8, 2)),
     "hip": _cfgs((32, 128, 4, 1, 1), (32, 64, 4, 1, 2), (16, 64, 4, 1, 2), **_MFMA16)
     + [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
     "interpreter": _cfgs((32, 32, 4, 1)),
@@ -127,18 +128,22 @@ POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten ele
 def rmsnorm_config(kernel: str, n_cols: int) -> dict:
     """The RMSNorm launch configuration for rows of n_cols elements.
 
-    BLOCK_COLS = next_power_of_2(n_cols) holds a whole row. Short rows (< 1024)
-    are stacked BLOCK_ROWS per program so each program still moves a few KiB.
-    Warps: enough threads that each holds ~8 elements of the tile - 16 bytes of
-    bf16, one vectorised load per thread per row - and never more than 16.
-    The backward takes 4x taller tiles: its programs loop over many rows, and
-    more rows per step keep more loads in flight.
+    BLOCK_COLS = next_power_of_2(n_cols) holds a whole row. Short rows are
+    stacked BLOCK_ROWS per program so each program still moves a few KiB.
+    Forward: ~8 elements per thread (16 bytes of bf16: one vectorised load per
+    thread per row), a tile of at least 1024 elements. Backward: each program
+    loops over many rows keeping x, dy and its dw partial sum per element, so
+    ~16 elements per thread in tiles of at least 2048 - few enough registers
+    that the ~4 programs per compute unit it launches all fit at once.
+    At most 16 warps: very wide rows (>= 16k) then hold more per thread and
+    spill registers to memory - slower, still correct.
     """
     cols = triton.next_power_of_2(n_cols)
-    rows = max(1, 1024 // cols) * (4 if kernel == "rmsnorm_bwd" else 1)
+    per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
+    rows = max(1, min_tile // cols)
     lanes = 64 if backend() == "hip" else 32
-    warps = min(16, max(1, rows * cols // (8 * lanes)))
-    return dict(BLOCK_ROWS=rows, num_warps=triton.next_power_of_2(warps), num_stages=1)
+    warps = min(16, max(1, rows * cols // (per_thread * lanes)))
+    return dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
 
 
 def shared_memory_estimate(kernel: str, config: dict, width: int, elem_bytes: int) -> int:
