@@ -8,6 +8,7 @@ vendor's table, and bit-identical repeated runs. Every output buffer is filled w
 NaN before the kernels run (POISON_OUTPUTS), so an element a kernel forgets to
 write fails the comparison.
 """
+import json
 import math
 
 import pytest
@@ -346,3 +347,18 @@ def test_gpu_repeated_runs_are_bit_identical():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
         norm_again = forward_backward(tk.rms_norm, [x, w], norm_grad, torch.bfloat16)
         assert all(torch.equal(a, b) for a, b in zip(norm_first, norm_again))
+
+
+def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
+    """The kernel benchmark's smoke mode (interpreter on a CPU, tiny shapes on a GPU)
+    writes every timing column, including the host-overhead ones."""
+    from version3_triton import bench_kernels
+
+    out = tmp_path / "k.json"
+    assert bench_kernels.main(["--quick", "--output", str(out)]) == 0
+    assert "Host overhead per forward+backward call" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    for row in result["rmsnorm"] + result["attention"]:
+        assert {"fwd_bwd_extra_ms", "fwd_bwd_host_ms", "fwd_bwd_graph_ms",
+                "fwd_bwd_graph_error"} <= row.keys()
+    assert set(result["kernel_configs"]) == set(tk.KERNEL_NAMES)

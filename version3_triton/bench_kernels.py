@@ -15,12 +15,15 @@ What is measured:
   ours is faster) and TFLOP/s in the attention-kernel convention: 4*B*H*N^2*D
   for the forward, halved because causal, backward = 2.5x forward.
 
-Timing: triton.testing.do_bench, median, L2 cache flushed before every run;
-"graph ms" replays the same work from a CUDA/HIP graph, which removes the host's
-launch overhead - the difference between the two columns is Python and launch
-cost, which matters for the small, memory-bound kernels. On a CPU (--quick, the
-Triton interpreter) the numbers are wall-clock medians and only prove it runs.
-Kernel launch configurations chosen by the autotuner are printed and saved.
+Timing: triton.testing.do_bench, median, L2 cache flushed before every run.
+When a call's Python and launch work takes longer than its kernels, do_bench
+measures the host, not the GPU. Three extra numbers per forward+backward show
+it: "graph ms" replays the same work from a CUDA/HIP graph (GPU time alone; if
+capture fails, the JSON says why), "host ms" is the Python + launch time of one
+call, and "extra ms" = f+b - fwd - bwd (host work the GPU waits for; ~0 when
+the kernels dominate). On a CPU (--quick, the Triton interpreter) the numbers
+are wall-clock medians and only prove it runs. The launch configurations each
+kernel ran with (autotuned, forced or by rule) are printed and saved.
 """
 from __future__ import annotations
 
@@ -58,40 +61,100 @@ TARGETS = {"rmsnorm_copy_fraction": 0.6,
 
 
 # ---- timing ------------------------------------------------------------------------
-def timer(device: torch.device, quick: bool):
-    """time(fn) -> (median ms with do_bench, median ms replayed from a graph or None)."""
-    if device.type == "cpu":
-        def cpu_time(fn):
-            fn()  # warm-up (the interpreter binds the kernels on first use)
+class Timer:
+    """Three views of one call: do_bench (what a training step sees), CUDA/HIP
+    graph replay (GPU time alone: no Python, no launch cost) and host time (the
+    Python + launch cost of a call, measured without waiting for the GPU)."""
+
+    def __init__(self, device: torch.device, quick: bool):
+        self.gpu = device.type != "cpu"
+        self.repeats = 2 if quick else 5        # CPU samples
+        self.rep_ms = 20 if quick else 100      # do_bench budget per measurement
+
+    def bench(self, fn) -> float:
+        if not self.gpu:  # the interpreter: wall clock, after one warm-up call
+            fn()
             samples = []
-            for _ in range(2 if quick else 5):
+            for _ in range(self.repeats):
                 start = time.perf_counter()
                 fn()
                 samples.append((time.perf_counter() - start) * 1000)
-            return statistics.median(samples), None
-        return cpu_time
+            return statistics.median(samples)
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=10, rep=self.rep_ms, return_mode="median")
 
-    from triton.testing import do_bench, do_bench_cudagraph
-    rep = 20 if quick else 100
+    def host(self, fn, calls: int = 20) -> float | None:
+        """Wall-clock ms per call while the GPU runs behind (20 calls queue fewer
+        launches than the driver's queue holds, so nothing waits for the GPU)."""
+        if not self.gpu:
+            return None
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = (time.perf_counter() - start) * 1000 / calls
+        torch.cuda.synchronize()
+        return elapsed
 
-    def gpu_time(fn):
-        ms = do_bench(fn, warmup=10, rep=rep, return_mode="median")
+    def graph(self, fn, estimate_ms: float) -> tuple[float | None, str | None]:
+        """(median ms per call replayed from a graph, None) or (None, why not).
+
+        fn runs a few times on a side stream first (capture needs the caching
+        allocator and every kernel - and autotuning - warmed up), then ~20 ms
+        worth of calls are captured into one graph and replayed 5 times."""
+        if not self.gpu:
+            return None, "no GPU"
+        calls = max(1, min(200, int(20 / max(estimate_ms, 1e-3))))
         try:
-            graph_ms = do_bench_cudagraph(fn, rep=rep, return_mode="median")
-        except Exception as e:  # capture can fail (e.g. a kernel that syncs): say so, go on
-            print(f"  (no graph timing: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
-            graph_ms = None
-        return ms, graph_ms
-    return gpu_time
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / calls)
+            del graph
+            return statistics.median(samples), None
+        except Exception as e:  # capture can fail (a kernel that syncs, an old driver): say why
+            torch.cuda.synchronize()
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+            print(f"  (no graph timing: {why})")
+            return None, why
 
 
-def fwd_bwd_times(time_fn, op, inputs, grad_out) -> dict:
-    """Forward, backward and forward+backward times of op(*inputs) (all inputs need grad)."""
+def fwd_bwd_times(timer: Timer, op, inputs, grad_out) -> dict:
+    """Forward, backward and forward+backward times of op(*inputs) (all inputs need
+    grad). Only forward+backward is replayed from a graph: it is the one call whose
+    autograd graph is built inside the capture, as in a training step."""
     out = op(*inputs)
-    fwd = time_fn(lambda: op(*inputs))
-    bwd = time_fn(lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True))
-    both = time_fn(lambda: torch.autograd.grad(op(*inputs), inputs, grad_out))
-    return {"fwd_ms": fwd[0], "bwd_ms": bwd[0], "fwd_bwd_ms": both[0], "fwd_bwd_graph_ms": both[1]}
+    fwd = timer.bench(lambda: op(*inputs))
+    bwd = timer.bench(lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True))
+
+    def step():
+        return torch.autograd.grad(op(*inputs), inputs, grad_out)
+
+    both = timer.bench(step)
+    graph_ms, graph_error = timer.graph(step, both)
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwd_bwd_ms": both, "fwd_bwd_graph_ms": graph_ms,
+            "fwd_bwd_graph_error": graph_error, "fwd_bwd_host_ms": timer.host(step),
+            # > 0: fwd+bwd in one call costs more than the two timed apart - per-call
+            # host work (Python, dispatch, launches) that the GPU waits for.
+            "fwd_bwd_extra_ms": both - fwd - bwd}
 
 
 # ---- RMSNorm -------------------------------------------------------------------------
@@ -99,7 +162,7 @@ def rmsnorm_min_bytes(rows: int, cols: int, elem: int) -> int:
     return 5 * rows * cols * elem + 8 * rows + 3 * cols * elem
 
 
-def bench_rmsnorm(tk, time_fn, rows, cols, dtype, device, copy_gbs) -> list[dict]:
+def bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, cols, device=device, dtype=dtype, generator=g).requires_grad_()
     w = (1 + 0.1 * torch.randn(cols, device=device, generator=g)).to(dtype).requires_grad_()
@@ -113,7 +176,7 @@ def bench_rmsnorm(tk, time_fn, rows, cols, dtype, device, copy_gbs) -> list[dict
     out = []
     for name, op in impls.items():
         row = {"shape": f"{rows}x{cols}", "dtype": DTYPE_NAMES[dtype], "impl": name,
-               **fwd_bwd_times(time_fn, op, [x, w], dy), "min_bytes": nbytes}
+               **fwd_bwd_times(timer, op, [x, w], dy), "min_bytes": nbytes}
         best = row["fwd_bwd_ms"]
         row["gbs"] = nbytes / (best / 1000) / 1e9
         row["graph_gbs"] = (nbytes / (row["fwd_bwd_graph_ms"] / 1000) / 1e9
@@ -147,7 +210,7 @@ def sdpa_kernel_name(shape, dtype, device) -> str:
         return "?"
 
 
-def bench_attention(tk, time_fn, shape, dtype, device) -> list[dict]:
+def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     b, h, kv, n, d = shape
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(b, heads, n, d, device=device, dtype=dtype, generator=g).requires_grad_()
@@ -158,7 +221,7 @@ def bench_attention(tk, time_fn, shape, dtype, device) -> list[dict]:
     rows = []
     for name, op in (("triton", tk.flash_attention),
                      (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa)):
-        times = fwd_bwd_times(time_fn, op, [q, k, v], do)
+        times = fwd_bwd_times(timer, op, [q, k, v], do)
         rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
                      "impl": name, **times, "flops": flops,
                      "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
@@ -195,6 +258,17 @@ def report(result: dict) -> str:
     for r in result["attention"]:
         lines.append(row(r, f"{fmt(r['tflops'], '7.1f')} "
                             f"{fmt(r.get('sdpa_time_over_ours'), '9.2f', '')}"))
+    lines += ["", "Host overhead per forward+backward call: 'extra' = f+b - fwd - bwd (> 0: host "
+              "work the GPU waits for);", "  'host' = Python + launch time per call (GPU not "
+              "waited for); host > graph (GPU-only time) means host-bound.",
+              f"  {'shape':26s} {'impl':26s} {'extra ms':>8s} {'host ms':>8s} {'graph ms':>8s}"]
+    for r in result["rmsnorm"] + result["attention"]:
+        lines.append(f"  {r['shape'] + ' ' + r['dtype']:26s} {r['impl'][:26]:26s} "
+                     f"{fmt(r['fwd_bwd_extra_ms'], '+.3f'):>8s} {fmt(r['fwd_bwd_host_ms']):>8s} "
+                     f"{fmt(r['fwd_bwd_graph_ms']):>8s}")
+    errors = {r["fwd_bwd_graph_error"] for r in result["rmsnorm"] + result["attention"]
+              if r["fwd_bwd_graph_error"] and result["device"]["type"] != "cpu"}
+    lines += [f"  graph replay failed: {e}" for e in sorted(errors)]
     lines += ["", "launch configurations used:"]
     lines += [f"  {k:14s} {v}" for k, v in result["kernel_configs"].items()]
     if result["targets"]:
@@ -233,7 +307,7 @@ def run(args) -> dict:
     from version3_triton import triton_kernels as tk
 
     size = "quick" if args.quick else "full"
-    time_fn = timer(device, args.quick)
+    timer = Timer(device, args.quick)
     copy_gbs = measure_copy_gbs(device, nbytes=(64 << 20) if args.quick else None)
     result = {"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(["python", *sys.argv]), "git_commit": git_commit(),
@@ -242,12 +316,13 @@ def run(args) -> dict:
                   "rmsnorm_bytes": "5*M*N*elem (x read twice, y, dy, dx) + 8*M (1/rms) + 3*N*elem",
                   "attention_flops": "4*B*H*N^2*D forward, halved (causal), backward 2.5x forward",
                   "timing": "triton.testing.do_bench median, L2 flushed; graph = CUDA/HIP graph "
-                            "replay (no host launch overhead)"},
+                            "replay of f+b (no host launch overhead); host = wall-clock Python + "
+                            "launch time per f+b call, GPU not waited for; extra = f+b - fwd - bwd"},
               "rmsnorm": [], "attention": []}
     for rows, cols in NORM_SHAPES[size]:
-        result["rmsnorm"] += bench_rmsnorm(tk, time_fn, rows, cols, dtype, device, copy_gbs)
+        result["rmsnorm"] += bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
     for shape in ATTENTION_SHAPES[size]:
-        result["attention"] += bench_attention(tk, time_fn, shape, dtype, device)
+        result["attention"] += bench_attention(tk, timer, shape, dtype, device)
     result["kernel_configs"] = tk.chosen_configs()
     result["targets"] = check_targets(result)
     return result

@@ -275,12 +275,12 @@ _LAST_CONFIG: dict[str, str] = {}
 
 
 def chosen_configs() -> dict[str, str]:
-    """Kernel name -> the configuration it last ran with (autotuned, heuristic or forced)."""
+    """Kernel name -> the configuration it last ran with (autotuned, by rule or forced)."""
     return dict(_LAST_CONFIG)
 
 
 def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: int):
-    """Pick the launch kwargs for `kernel`: forced, heuristic (RMSNorm), the first
+    """Pick the launch kwargs for `kernel`: forced, by rule (RMSNorm), the first
     fitting candidate (AUTOTUNE off) or autotuned - which launches the kernel once
     per candidate, so the caller must not launch it again. Returns (kwargs, how,
     launched)."""
@@ -288,7 +288,7 @@ def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: i
     if forced is not None:
         return check_config(kernel, forced, width, elem_bytes), "forced", False
     if kernel.startswith("rmsnorm"):
-        return rmsnorm_config(kernel, width), "heuristic", False
+        return rmsnorm_config(kernel, width), "rule", False
     candidates = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
                                  _shared_memory_limit())
     if not AUTOTUNE or len(candidates) == 1:
