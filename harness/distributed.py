@@ -142,9 +142,13 @@ class DataParallel(SingleProcess):
             from torch.nn.parallel import DistributedDataParallel
 
             # DDP broadcasts rank 0's weights at construction, so replicas start equal.
+            # broadcast_buffers=False: our only buffers are the RoPE tables, equal
+            # on every rank, so re-broadcasting them before every forward is a
+            # wasted collective (and a sync point). gradient_as_bucket_view: the
+            # gradients live inside the all-reduce buckets instead of being copied in.
             return DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                bucket_cap_mb=BUCKET_MB)
+                bucket_cap_mb=BUCKET_MB, broadcast_buffers=False, gradient_as_bucket_view=True)
         if not hasattr(model, "layers"):
             raise UsageError("--fsdp shards one transformer block at a time and needs model.layers")
         from torch.distributed.device_mesh import init_device_mesh

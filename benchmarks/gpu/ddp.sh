@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel scaling on one node: 1 GPU, then DDP on 2 GPUs, then FSDP2 on 2 GPUs.
+# Knobs: STEPS (60), NGPU (2), EXTRA_ARGS (e.g. "--compile", passed to every run), FSDP (1; 0 skips it).
 #
 #   OUT_DIR=results/ddp bash benchmarks/gpu/ddp.sh
 #
@@ -35,7 +36,7 @@ fi
 
 SCRIPT=version4_sdpa/tiny_llama_v4.py
 [ -f "$SCRIPT" ] || SCRIPT=version1_baseline/tiny_llama_v1.py
-ARGS=(--preset medium --precision bf16 --num-steps "$STEPS" --warmup-steps 10 --log-every 20)
+ARGS=(--preset medium --precision bf16 --num-steps "$STEPS" --warmup-steps 10 --log-every 20 ${EXTRA_ARGS:-})
 LOG="$OUT_DIR/runs.log"  # every run's full output
 : > "$LOG"
 (nvidia-smi topo -m || rocm-smi --showtopo) > "$OUT_DIR/topology.txt" 2>&1 || true
@@ -56,7 +57,7 @@ run "1 GPU" env CUDA_VISIBLE_DEVICES=0 $PY "$SCRIPT" "${ARGS[@]}" --output "$OUT
 runs=()
 run "DDP x$NGPU" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" --output "$OUT_DIR/ddp$NGPU.json" \
     && runs+=("$OUT_DIR/ddp$NGPU.json")
-run "FSDP2 x$NGPU" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" --fsdp --output "$OUT_DIR/fsdp$NGPU.json" \
+[ "${FSDP:-1}" = 1 ] && run "FSDP2 x$NGPU" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" --fsdp --output "$OUT_DIR/fsdp$NGPU.json" \
     && runs+=("$OUT_DIR/fsdp$NGPU.json")
 
 echo
