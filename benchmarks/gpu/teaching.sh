@@ -4,15 +4,18 @@
 #   OUT_DIR=results/teaching bash benchmarks/gpu/teaching.sh            # everything
 #   OUT_DIR=results/teaching bash benchmarks/gpu/teaching.sh debug v2   # some sections
 #
-# Sections (each fills the "(to be filled from: ...)" placeholders of one exercise):
+# Sections (each fills the "(to be filled from: ...)" placeholders of one exercise; the numbers
+# the 2026-11-22 H200 runs already gave - docs/data/h200_2026-11-22/ - are in the exercises):
 #   env      setup/check_environment.py on the GPU machine
 #   debug    exercises/performance_debugging: stages 1-5, broken vs fixed, medium preset
-#   v1       operator table (--profile pytorch); memory vs batch size and sequence length
+#   v1       operator table of the medium preset (--profile pytorch); memory vs batch size and
+#            sequence length, V1 vs V4 attention memory at seq 256/512/1024
 #   levers   precision, batch size, grad checkpointing, data loading (seeds 000/001)
 #   v2       fusion ablations (each --no-fused-* alone) and --compile
 #   v3       flash-attention block sizes (V3_ATTN_FWD_CONFIG) vs autotuned
-#   v4       SDPA backends; CUDA/HIP graphs (--compile-mode reduce-overhead) on small
-#   roofline ceilings of this GPU, V1 and V4 profiled, kernels on the roofline
+#   v4       SDPA backends, whole model; CUDA/HIP graphs (--compile-mode reduce-overhead) on small
+#            (medium with graphs is in V4 exercise 2 but in no section: run it by hand)
+#   roofline ceilings of this GPU, V1 and V4 medium profiled, their kernels on the roofline
 # Every training run writes $OUT_DIR/<section>/<name>.json (the results schema) and one
 # line to $OUT_DIR/<section>/runs.log; the script ends with one compact table per section.
 # Expected wall time on one H100/H200: about 15 minutes for everything (about 50 short
