@@ -52,9 +52,11 @@ def model_config(result: dict) -> ModelConfig:
 
 
 def run_label(result: dict) -> str:
-    """Short name of a run for tables and legends: 'v1 medium bf16 +compile'."""
+    """Short name of a run for tables and legends: 'v1 medium bf16 +compile'
+    ('+reduce-overhead' or '+max-autotune' for those torch.compile modes)."""
     run = result["run"]
-    extras = [flag for flag, on in (("compile", run.get("compile")),
+    compiled = run.get("compile_mode") if run.get("compile_mode") not in (None, "default") else "compile"
+    extras = [flag for flag, on in ((compiled, run.get("compile")),
                                     ("ckpt", run.get("grad_checkpoint"))) if on]
     size = run.get("preset") or f"b{run['batch_size']}xT{run['seq_len']}"
     return " ".join([result["version"], size, run["precision"], *(f"+{e}" for e in extras)])

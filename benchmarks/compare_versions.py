@@ -20,7 +20,9 @@ same shape (SDPA attention, torch.compile), trained by the same loop.
 
 Prints a table (tokens/s, ratio to V1 eager, MFU against the datasheet peak and
 against a measured matmul ceiling) and writes one JSON (rewritten after every
-run, so an interrupted comparison still leaves its results).
+run, so an interrupted comparison still leaves its results). Each of its rows
+keeps the run's complete results dict under "result", so
+`python -m analysis_tools compare results/compare_medium.json` draws the plots.
 """
 from __future__ import annotations
 
@@ -159,7 +161,10 @@ def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path)
                    peak_tflops_datasheet=r["mfu"]["peak_tflops"],
                    peak_memory_mb=r["memory"].get("peak_allocated_mb", r["memory"].get("peak_rss_mb")),
                    final_loss=r["losses"][-1], options=r["options"], device=r["device"],
-                   config=r["config"], run=r["run"])
+                   config=r["config"], run=r["run"],
+                   # The run's complete results dict (losses, guard, warnings, p10/p90):
+                   # `python -m analysis_tools compare` reads it as it reads a results JSON.
+                   result=r)
     gc.collect()  # free this run's model, optimizer and activations before the next
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -1,0 +1,153 @@
+"""`python -m analysis_tools compare` on the JSON of benchmarks/compare_versions.py:
+synthetic files (old rows with medians only, new rows with the whole result), the
+real NVIDIA H200 comparison in docs/data, one real tiny CPU comparison, bad files."""
+import importlib
+import json
+
+import pytest
+
+from conftest import REPO
+from test_analysis import assert_png, cli  # the same in-process command line and PNG check
+
+H200_MEDIUM = REPO / "docs/data/h200_2026-11-22/compare/compare_medium.json"
+DEVICE = {"type": "cuda", "name": "NVIDIA H200", "backend": "cuda", "arch": "sm_90", "torch": "2.11.0+cu130"}
+CONFIG = {"vocab_size": 1000, "hidden_dim": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
+          "ffn_dim": 176, "max_seq_len": 64, "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": False}
+
+
+def row(version, mode, repeat, tokens_per_s, fwd=10.0, bwd=20.0, exit_code=0):
+    """One compare_versions row as the script wrote it before it kept whole results."""
+    if exit_code:
+        return {"version": version, "mode": mode, "repeat": repeat, "exit_code": exit_code,
+                "error": "error: gradient-flow guard failed"}
+    compiled = mode != "eager"
+    return {"version": version, "mode": mode, "repeat": repeat, "exit_code": 0, "wall_s": 1.0,
+            "tokens_per_s": tokens_per_s, "step_ms": fwd + bwd + 2.0,
+            "phases_ms": {"forward": fwd, "backward": bwd, "optimizer": 2.0},
+            "achieved_tflops": 1.0, "mfu_datasheet": 0.1, "peak_tflops_datasheet": 989.4,
+            "peak_memory_mb": 500.0 + repeat, "final_loss": 6.9, "options": {}, "device": DEVICE,
+            "config": CONFIG, "run": {"preset": "tiny", "batch_size": 4, "seq_len": 64, "precision": "bf16",
+                                      "data": "synthetic", "compile": compiled,
+                                      "compile_mode": {"eager": None, "compile": "default"}.get(mode, mode)}}
+
+
+def synthetic(tmp_path, rows, name="compare_tiny.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"schema": "compare_versions/1", "created": "2026-11-22T00:00:00+00:00",
+                                "command": "python benchmarks/compare_versions.py", "runs": rows}))
+    return path
+
+
+def test_rows_become_one_median_run_per_version_and_mode(tmp_path):
+    from analysis_tools import compare_runs
+    rows = [row("v1", "eager", 0, 1000.0), row("v4", "eager", 0, 2000.0),
+            row("v4", "reduce-overhead", 0, 5000.0), row("v1", "eager", 1, 1100.0),
+            row("v4", "eager", 1, 2200.0), row("v4", "reduce-overhead", 1, 0, exit_code=5),
+            row("v4", "eager", 2, 2400.0)]
+    out = compare_runs([synthetic(tmp_path, rows)], out_dir=tmp_path / "plots")
+    table = out["table"].set_index("run")
+    assert list(table.index) == ["v1 tiny bf16", "v4 tiny bf16", "v4 tiny bf16 +reduce-overhead"]
+    assert table["tokens/s"].tolist() == pytest.approx([1050.0, 2200.0, 5000.0])  # medians
+    assert table["speedup"].tolist() == pytest.approx([1.0, 2200 / 1050, 5000 / 1050])
+    assert table["repeats"].tolist() == [2, 3, 1]
+    assert table.loc["v4 tiny bf16", "spread %"] == pytest.approx(400 / 2200 * 100)
+    assert table["peak MB"].tolist() == pytest.approx([500.5, 501.0, 500.0])
+    assert table["final loss"].tolist() == pytest.approx([6.9] * 3)
+    assert set(table["guard"]) == {"passed (exit code)"}  # inferred, and labelled so
+    assert out["flags"] == []  # no per-run guard record is not "guard missing" here
+    assert any("reduce-overhead repeat 1 failed (exit code 5" in n for n in out["notes"])
+    assert any("exits 5 when the guard fails" in n for n in out["notes"])
+    names = sorted(p.name for p in out["plots"])  # no per-step losses: no loss plot
+    assert names == ["compare_tiny_memory.png", "compare_tiny_step_time.png", "compare_tiny_throughput.png"]
+    for p in out["plots"]:
+        assert_png(p)
+
+
+def test_flags_still_fire_from_phases(tmp_path):
+    from analysis_tools import compare_runs
+    rows = [row("v1", "eager", 0, 1000.0), row("v3", "eager", 0, 3000.0, fwd=10.0, bwd=1.0),
+            row("v4", "eager", 0, 2000.0), row("v4", "eager", 1, 2000.0, fwd=10.0, bwd=9.0)]
+    flags = compare_runs([synthetic(tmp_path, rows)], plots=False)["flags"]
+    assert any(f.startswith("v3 tiny bf16: backward (1.00 ms) is faster than forward") for f in flags)
+    # v4's median is fine, but one repeat is not: that stays visible too
+    assert any(f.startswith("v4 tiny bf16: repeat 2/2: backward 9.00 ms < forward 10.00 ms") for f in flags)
+    mixed = rows[:1] + [dict(row("v4", "eager", 0, 2000.0), run={**rows[0]["run"], "precision": "fp32"})]
+    assert any("different precisions" in f for f in
+               compare_runs([synthetic(tmp_path, mixed, "mixed.json")], plots=False)["flags"])
+
+
+def test_stored_results_are_preferred(tmp_path):
+    """Rows that keep the whole results dict give loss curves and the real guard record."""
+    from analysis_tools import compare_runs
+    from harness.results import validate
+    rows = []
+    for version, tps, guard in (("v1", 1000.0, 57), ("v4", 3000.0, 0)):
+        r = row(version, "eager", 0, tps)
+        timing = {p: {"median": ms, "p10": ms, "p90": ms} for p, ms in
+                  {**r["phases_ms"], "step": r["step_ms"]}.items()}
+        r["result"] = {"schema_version": 1, "version": version, "created": "", "command": "", "git_commit": None,
+                       "config": CONFIG, "run": r["run"], "options": {}, "device": DEVICE,
+                       "losses": [7.0, 6.95, 6.9], "timing_ms": timing, "throughput": {"tokens_per_s": tps},
+                       "flops": {"achieved_tflops": 1.0}, "mfu": {"value": 0.1, "peak_tflops": 989.4},
+                       "memory": {"peak_allocated_mb": 400.0},
+                       "gradient_guard": {"passed": guard > 0, "checked_params": guard}, "warnings": []}
+        validate(r["result"])
+        r["final_loss"] = 99.0  # the stored result wins over the row's own copy
+        rows.append(r)
+    out = compare_runs([synthetic(tmp_path, rows)], out_dir=tmp_path)
+    assert out["table"]["final loss"].tolist() == pytest.approx([6.9, 6.9])
+    assert "guard" not in out["table"].columns
+    assert any(f.startswith("v4 tiny bf16: gradient-flow guard missing or failed") for f in out["flags"])
+    assert [p.name for p in out["plots"]][-1] == "compare_tiny_loss.png"
+    assert_png(out["plots"][-1])
+
+
+def test_real_h200_file_on_the_command_line(tmp_path):
+    proc = cli("compare", H200_MEDIUM, "--out-dir", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "NVIDIA H200" in proc.stdout and "v4 medium bf16 +compile" in proc.stdout
+    assert "hf medium bf16 +compile" in proc.stdout and "passed (exit code)" in proc.stdout
+    report = json.loads(H200_MEDIUM.read_text())
+    v4 = next(s for s in report["summary"] if s["version"] == "v4" and s["mode"] == "compile")
+    assert f"{v4['tokens_per_s']:,.0f}" in proc.stdout  # the same median compare_versions printed
+    assert f"{v4['x_v1_eager']:.2f}" in proc.stdout
+    for kind in ("throughput", "step_time", "memory"):
+        assert_png(tmp_path / f"compare_medium_{kind}.png")
+
+
+def test_compare_versions_stores_whole_results(tmp_path, capsys):
+    """A real (tiny, CPU) comparison keeps each run's result; compare reads it directly."""
+    from analysis_tools import compare_runs
+    script = importlib.import_module("benchmarks.compare_versions")
+    out = tmp_path / "compare_tiny.json"
+    assert script.main(["--preset", "tiny", "--device", "cpu", "--versions", "v1", "--repeats", "1",
+                        "--num-steps", "3", "--warmup-steps", "1", "--output", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["runs"][0]["result"]["gradient_guard"]["checked_params"] > 0
+    assert saved["runs"][0]["tokens_per_s"] == saved["runs"][0]["result"]["throughput"]["tokens_per_s"]
+    assert script.main(["--report", str(out)]) == 0  # the old keys still make the saved table
+    result = compare_runs([out], plots=False)["results"][0]
+    assert len(result["losses"]) == 3 and "passed_by_exit_code" not in result["gradient_guard"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"schema": "compare_versions/1", "runs": [{"version": "v1"}]}', "row 0 has no 'mode'"),
+    ('{"schema": "compare_versions/1", "runs": []}', "no successful run"),
+    ('{"schema": "compare_versions/9", "runs": []}', "is not compare_versions/1"),
+    ('{"schema": "compare_versions/1"}', "without a 'runs' list"),
+    ('{"schema": "compare_versions/1", "runs": [', "not valid JSON"),
+])
+def test_bad_file_is_one_line_and_exit_2(tmp_path, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    proc = cli("compare", path, "--no-plots")
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
+
+
+def test_broken_stored_result_is_bad_input(tmp_path):
+    broken = row("v1", "eager", 0, 1000.0)
+    broken["result"] = {"schema_version": 1, "version": "v1"}
+    proc = cli("compare", synthetic(tmp_path, [broken]), "--no-plots")
+    assert proc.returncode == 2 and "row 0's stored result: results are missing keys" in proc.stderr
