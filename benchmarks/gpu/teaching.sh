@@ -125,6 +125,7 @@ if wants v4; then
     train v4 small_eager $V4 --preset $SMALL
     train v4 small_compiled $V4 --preset $SMALL --compile
     train v4 small_graphs $V4 --preset $SMALL --compile --compile-mode reduce-overhead
+    train v4 medium_graphs $V4 --preset $MEDIUM --compile --compile-mode reduce-overhead
 fi
 
 if wants roofline; then
