@@ -40,13 +40,17 @@ class SchemaError(ValueError):
 
 
 def git_commit(repo_dir: Path | None = None) -> str | None:
+    """The checkout's commit; WORKSHOP_GIT_COMMIT names it for copies without .git
+    (a tree synced to a remote GPU machine, say)."""
     repo_dir = repo_dir or Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_dir,
                              capture_output=True, text=True, timeout=5)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+        pass
+    return os.environ.get("WORKSHOP_GIT_COMMIT") or None
 
 
 def validate(result: dict) -> None:

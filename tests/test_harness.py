@@ -198,3 +198,10 @@ def test_nvtx_block_ranges_leave_outputs_unchanged(monkeypatch):
     add_nvtx_ranges(model)
     torch.testing.assert_close(model(ids), expected)
     assert calls[:2] == ["block0", "pop"] and len(calls) == 2 * len(model.layers)
+
+
+def test_git_commit_falls_back_to_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKSHOP_GIT_COMMIT", "abc123")
+    assert results.git_commit(tmp_path) == "abc123"  # tmp_path is no git checkout
+    monkeypatch.delenv("WORKSHOP_GIT_COMMIT")
+    assert results.git_commit(tmp_path) is None
