@@ -201,7 +201,7 @@ def build_parser() -> OneLineParser:
     out_help = f"folder for plots and files (default {out_dir_default()})"
 
     c = sub.add_parser("compare", help="table + plots of result JSONs")
-    c.add_argument("results", nargs="+", help="results JSON files or folders")
+    c.add_argument("results", nargs="+", help="results JSON files or folders, or benchmarks/compare_versions.py JSON files")
     c.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
     c.add_argument("--no-plots", action="store_true")
     c.add_argument("--strict", action="store_true", help="exit 1 when a result looks suspicious")
