@@ -113,6 +113,12 @@ def run(settings: RunSettings, build_model, init_from_v1: bool = True) -> dict:
     ctx = distributed.setup(settings)
     try:
         return _run(settings, build_model, init_from_v1, ctx)
+    except torch.cuda.OutOfMemoryError:
+        # Outside the training loop (moving the model, --measure-peak): the loop
+        # itself reports OOM with the peak it reached.
+        raise OutOfMemory(f"out of memory before training started (model of "
+                          f"{settings.model.num_layers} layers x hidden {settings.model.hidden_dim}"
+                          f"): try a smaller preset or model") from None
     finally:
         ctx.close()
 

@@ -170,3 +170,11 @@ def test_workshop_runs_end_to_end_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s" in proc.stdout and "v1" in proc.stdout
     assert json.loads((tmp_path / "v1.json").read_text())["version"] == "v1"
+
+
+def test_out_of_memory_while_building_is_exit_3(tmp_path, capsys):
+    def too_big(cfg):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+    code, err, out = _run_in_process(too_big, tmp_path, capsys)
+    assert code == 3 and len(err) == 1 and "before training started" in err[0]
+    assert not out.exists()
