@@ -135,7 +135,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     output = Path(settings.output or REPO_ROOT / "results" /
                   f"{settings.version}_{settings.preset or 'custom'}.json")
 
-    model = build(settings, build_model, init_from_v1).to(device)
+    model = base_model = build(settings, build_model, init_from_v1).to(device)
     if settings.grad_checkpoint:
         enable_grad_checkpointing(model)
     use_nvtx = device.type == "cuda"
@@ -249,7 +249,8 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     timing = ctx.aggregate_timing(timing)
     memory = measure.peak_memory(device)
     result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
-                       tokens_per_step * ctx.world_size, measured_peak, ctx)
+                       tokens_per_step * ctx.world_size, measured_peak, ctx,
+                       getattr(base_model, "run_warnings", ()))
     if profiler is not None:
         profiler.finish(result)
     if ctx.is_main:
@@ -287,7 +288,7 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
 
 
 def _assemble(settings, precision, device, losses, timing, memory, checked_params,
-              tokens_per_step, measured_peak, ctx) -> dict:
+              tokens_per_step, measured_peak, ctx, model_warnings=()) -> dict:
     cfg = settings.model
     step_ms = timing["step"]["median"]
     per_step = flops.step_flops(cfg, settings.batch_size, settings.seq_len) * settings.grad_accum
@@ -296,7 +297,7 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
     desc = dev.describe(device)
     peak = flops.peak_for(desc["name"], desc["arch"], precision, measured_peak)
     peak_total = peak["tflops"] * ctx.world_size if peak["tflops"] else None
-    warnings = []
+    warnings = list(model_warnings)  # what the model itself wants the reader to know
     fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
     if fwd and bwd is not None and bwd < fwd:
         # Backward does ~2x the forward's FLOPs. Faster means either a cut graph

@@ -178,3 +178,12 @@ def test_out_of_memory_while_building_is_exit_3(tmp_path, capsys):
     code, err, out = _run_in_process(too_big, tmp_path, capsys)
     assert code == 3 and len(err) == 1 and "before training started" in err[0]
     assert not out.exists()
+
+
+def test_model_warnings_reach_the_results(tmp_path, capsys):
+    def noted(cfg):
+        model = load_version("v1").build_model(cfg)
+        model.run_warnings = ["kernels ran in an interpreter"]
+        return model
+    code, _, out = _run_in_process(noted, tmp_path, capsys)
+    assert code == 0 and load(out)["warnings"] == ["kernels ran in an interpreter"]
