@@ -13,8 +13,7 @@
 #   levers   precision, batch size, grad checkpointing, data loading (seeds 000/001)
 #   v2       fusion ablations (each --no-fused-* alone) and --compile
 #   v3       flash-attention block sizes (V3_ATTN_FWD_CONFIG) vs autotuned
-#   v4       SDPA backends, whole model; CUDA/HIP graphs (--compile-mode reduce-overhead) on small
-#            (medium with graphs is in V4 exercise 2 but in no section: run it by hand)
+#   v4       SDPA backends, whole model; CUDA/HIP graphs (--compile-mode reduce-overhead) on small and medium
 #   roofline ceilings of this GPU, V1 and V4 medium profiled, their kernels on the roofline
 # Every training run writes $OUT_DIR/<section>/<name>.json (the results schema) and one
 # line to $OUT_DIR/<section>/runs.log; the script ends with one compact table per section.
