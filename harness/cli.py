@@ -172,7 +172,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         compile=args.compile, compile_mode=args.compile_mode, optimizer=args.optimizer,
         measure_peak=args.measure_peak, output=args.output, quiet=args.quiet,
         log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
-        fsdp=args.fsdp, command=" ".join(["python", *[sys.argv[0]], *argv]))
+        fsdp=args.fsdp, command=" ".join(["python", sys.argv[0], *argv]))
 
 
 def main(version: str, build_model, *, description: str = "", add_arguments=None,

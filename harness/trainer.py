@@ -164,7 +164,8 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
         f"{settings.seq_len}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params"
         + (f", world size {ctx.world_size}" if ctx.world_size > 1 else ""))
 
-    tokens_per_step = settings.batch_size * settings.seq_len * settings.grad_accum
+    # Tokens of one optimizer step over all ranks: what throughput and MFU count.
+    tokens_per_step = settings.batch_size * settings.seq_len * settings.grad_accum * ctx.world_size
     clock_marks, losses_dev, losses = [], [], []
     checked_params = 0
     measure.reset_peak_memory(device)
@@ -200,7 +201,6 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
             clock.mark("start")
             optimizer.zero_grad(set_to_none=True)
             step_loss = torch.zeros((), device=device)
-            fwd_pairs, bwd_pairs = [], []
             for micro in range(settings.grad_accum):
                 inputs, targets = (t.to(device, non_blocking=True) for t in batches.next())
                 # DDP decides in forward whether the next backward all-reduces,
@@ -213,15 +213,12 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
                     with nvtx_range("backward", use_nvtx):
                         scaler.scale(loss).backward()
                     clock.mark(f"e{micro}")
-                fwd_pairs.append((f"f{micro}", f"b{micro}"))
-                bwd_pairs.append((f"b{micro}", f"e{micro}"))
                 step_loss += loss.detach()
             clock.mark("opt")
             with nvtx_range("optimizer", use_nvtx):
                 scaler.step(optimizer)
                 scaler.update()
             clock.mark("end")
-            clock.pairs = (fwd_pairs, bwd_pairs)
             losses_dev.append(step_loss)
             if step == 0:
                 drain(0)
@@ -230,7 +227,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
                 profiler.step(step)
             if (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps:
                 drain(step)
-                say(_progress_line(step, settings, losses, clock_marks, tokens_per_step * ctx.world_size))
+                say(_progress_line(step, settings, losses, clock_marks, tokens_per_step))
         dev.synchronize(device)
     except torch.cuda.OutOfMemoryError:
         peak = measure.peak_memory(device)
@@ -245,11 +242,11 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
                              f"{str(e).splitlines()[0][:160]}); run without --compile") from None
         raise
 
-    timing = _timing(clock_marks[settings.warmup_steps:], device)
+    timing = _timing(clock_marks[settings.warmup_steps:], settings.grad_accum)
     timing = ctx.aggregate_timing(timing)
     memory = measure.peak_memory(device)
     result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
-                       tokens_per_step * ctx.world_size, measured_peak, ctx,
+                       tokens_per_step, measured_peak, ctx,
                        getattr(base_model, "run_warnings", ()))
     if profiler is not None:
         profiler.finish(result)
@@ -265,15 +262,16 @@ def _looks_like_compile_error(e: Exception) -> bool:
                                    "InductorError", "CompilationError"))
 
 
-def _timing(clocks, device) -> dict:
-    dev.synchronize(device)
+def _timing(clocks, grad_accum: int) -> dict:
+    """Per-phase milliseconds of each step (the caller has synchronized).
+    Micro-step i of a step is marked f{i} (forward), b{i} (backward), e{i} (end)."""
     per = {"forward": [], "backward": [], "optimizer": [], "step": []}
     # A step lasts from its start to the next step's start, so host-side gaps
     # between steps (Python, launches) count: that is what throughput pays.
     for clock, following in zip(clocks, [*clocks[1:], None]):
-        fwd_pairs, bwd_pairs = clock.pairs
-        per["forward"].append(sum(clock.elapsed_ms(a, b) for a, b in fwd_pairs))
-        per["backward"].append(sum(clock.elapsed_ms(a, b) for a, b in bwd_pairs))
+        micro = range(grad_accum)
+        per["forward"].append(sum(clock.elapsed_ms(f"f{i}", f"b{i}") for i in micro))
+        per["backward"].append(sum(clock.elapsed_ms(f"b{i}", f"e{i}") for i in micro))
         per["optimizer"].append(clock.elapsed_ms("opt", "end"))
         per["step"].append(clock.elapsed_ms("start", "end") if following is None
                            else clock.elapsed_ms_to(following, "start"))
@@ -291,8 +289,7 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
               tokens_per_step, measured_peak, ctx, model_warnings=()) -> dict:
     cfg = settings.model
     step_ms = timing["step"]["median"]
-    per_step = flops.step_flops(cfg, settings.batch_size, settings.seq_len) * settings.grad_accum
-    per_step *= ctx.world_size
+    per_step = flops.model_flops_per_token(cfg, settings.seq_len) * tokens_per_step
     achieved = per_step / (step_ms / 1000) / 1e12 if step_ms else None
     desc = dev.describe(device)
     peak = flops.peak_for(desc["name"], desc["arch"], precision, measured_peak)
