@@ -114,19 +114,31 @@ def main(argv=None) -> int:
     import triton
 
     rows = [{"call": name, "host_us": host_us(fn)} for name, fn in cases(tk)]
+    fast = tk.FAST_LAUNCH
+    tk.FAST_LAUNCH = False  # version 3 again, through Triton's normal launch path
+    for row, (name, fn) in zip(rows, cases(tk)):
+        row["normal_launch_us"] = host_us(fn) if name.startswith("v3") else None
+    tk.FAST_LAUNCH = fast
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}: host microseconds per call (median of 5 x 200 calls)")
+    print(f"  {'call':42s} {'us':>8s} {'V3_FAST_LAUNCH=0':>17s}")
     for row in rows:
-        print(f"  {row['call']:42s} {row['host_us']:8.1f} us")
+        normal = f"{row['normal_launch_us']:17.1f}" if row["normal_launch_us"] else f"{'':17s}"
+        print(f"  {row['call']:42s} {row['host_us']:8.1f} {normal}")
     if args.cprofile:
         for name, fn in cases(tk):
             if "fwd+bwd (autograd)" in name:
                 print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
                 print(profile_text(fn, args.cprofile))
     if args.output:
-        results.write_atomic(Path(args.output), {
+        path = Path(args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,
-            "triton": triton.__version__, "rows": rows})
+            "triton": triton.__version__, "git_commit": results.git_commit(),
+            "fast_launch": fast, "rows": rows}, indent=2) + "\n")
+        tmp.replace(path)  # never a half-written file
     return 0
 
 

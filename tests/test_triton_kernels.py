@@ -349,6 +349,41 @@ def test_gpu_repeated_runs_are_bit_identical():
         assert all(torch.equal(a, b) for a, b in zip(norm_first, norm_again))
 
 
+def test_specialization_key_sees_what_triton_specialises_on():
+    """The fast launch reuses a compiled kernel only for arguments Triton would
+    compile the same kernel for: equal integers, tensor dtypes and alignment."""
+    base = torch.zeros(64, dtype=torch.float16)
+    key = tk.specialization_key
+    assert key((base, 16, 0.5)) == key((torch.ones(64, dtype=torch.float16), 16, 0.25))  # floats ignored
+    assert key((base, 16)) != key((base, 17))
+    assert key((base, 16)) != key((base.float(), 16))
+    assert key((base, 16)) != key((base[1:], 16))  # 2-byte offset: not 16-byte aligned
+
+
+@gpu
+def test_gpu_fast_launch_matches_the_normal_launch(monkeypatch):
+    """The direct launch of cached compiled kernels computes exactly what Triton's
+    normal launch does - also when a misaligned view needs another compiled kernel."""
+    def run_all(dtype, offset):
+        (q, k, v), grad = attention_inputs(2, 4, 2, 130, 64)
+        flat = torch.randn(300 * 96 + offset, device=DEVICE, dtype=dtype)
+        x = flat[offset:].view(300, 96)  # offset 1: a 2-byte aligned view
+        w = torch.randn(96, device=DEVICE, dtype=dtype)
+        return (forward_backward(tk.flash_attention, [q, k, v], grad, dtype)
+                + forward_backward(tk.rms_norm, [x, w], torch.randn_like(x)))
+
+    for offset in (0, 1, 0):  # aligned, misaligned (a new specialisation), aligned again
+        torch.manual_seed(offset)
+        monkeypatch.setattr(tk, "FAST_LAUNCH", False)
+        normal = run_all(torch.bfloat16, offset)
+        monkeypatch.setattr(tk, "FAST_LAUNCH", True)
+        for _ in range(2):  # first call compiles/records, second takes the fast path
+            torch.manual_seed(offset)
+            fast = run_all(torch.bfloat16, offset)
+            assert all(torch.equal(a, b) for a, b in zip(normal, fast))
+    assert tk.FAST_LAUNCH, "the fast launch was switched off (calling convention not recognised)"
+
+
 def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     """The kernel benchmark's smoke mode (interpreter on a CPU, tiny shapes on a GPU)
     writes every timing column, including the host-overhead ones."""

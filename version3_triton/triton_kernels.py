@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from typing import Optional  # custom_op reads the annotations (Python 3.9: no `X | None`)
 
 import torch
@@ -138,7 +139,7 @@ def rmsnorm_config(kernel: str, n_cols: int) -> dict:
     At most 16 warps: very wide rows (>= 16k) then hold more per thread and
     spill registers to memory - slower, still correct.
     """
-    cols = triton.next_power_of_2(n_cols)
+    cols = _next_power_of_2(n_cols)
     per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
     rows = max(1, min_tile // cols)
     lanes = 64 if backend() == "hip" else 32
@@ -160,7 +161,7 @@ def shared_memory_estimate(kernel: str, config: dict, width: int, elem_bytes: in
     """
     stages = max(1, config.get("num_stages", 1))
     m, n = config.get("BLOCK_M", 0), config.get("BLOCK_N", 0)
-    d = max(16, triton.next_power_of_2(width))
+    d = max(16, _next_power_of_2(width))
     if kernel == "attn_fwd":         # Q resident; K, V streamed
         tiles = m * d + stages * 2 * n * d
     elif kernel == "attn_bwd_dkdv":  # K, V resident; Q, dO streamed; P^T / dS^T
@@ -266,12 +267,77 @@ def _describe(config: dict) -> str:
 
 
 # Host overhead matters: at the workshop's sizes a kernel runs for 10-100 us,
-# about what Python spends deciding how to launch it. So every decision is made
-# once per (kernel, shape key) and remembered in _CHOSEN: later calls are one
-# dict lookup and the plain `kernel[grid](...)` launch. Triton's Autotuner is
-# only called on the first launch with a new key, to time the candidates.
-_CHOSEN: dict[tuple, tuple[dict, str]] = {}  # (kernel, key, ...) -> (launch kwargs, description)
+# about what Python spends deciding how to launch it (benchmarks/host_overhead.py
+# measures it). So every decision is made once per (kernel, shape key) and kept
+# in a _Launch: later calls are one dict lookup and a launch. Triton's Autotuner
+# is only called on the first launch with a new key, to time the candidates.
+_CHOSEN: dict[tuple, "_Launch"] = {}  # (kernel, key, autotune, forced) -> how to launch
 _LAST_CONFIG: dict[str, str] = {}
+# Fast launch (V3_FAST_LAUNCH=0 turns it off, to measure what it saves): a plain
+# `kernel[grid](*args)` makes Triton bind every argument, work out what the
+# compiled kernel is specialised on and look it up - ~10-15 us per launch, more
+# than our small kernels run. A _Launch remembers the compiled kernel per
+# specialisation key and calls it directly.
+FAST_LAUNCH = os.environ.get("V3_FAST_LAUNCH", "1") != "0" and not INTERPRET
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # plain Python: triton.cdiv is a (slower) constexpr function
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def specialization_key(args) -> tuple:
+    """What Triton compiles a separate kernel for, besides the constexprs: the
+    value of each integer argument (it specialises on == 1 and on divisibility by
+    16), each tensor's dtype and 16-byte alignment, and on AMD whether the tensor
+    is small enough for 32-bit buffer addressing."""
+    if backend() == "hip":
+        return tuple((a.dtype, a.data_ptr() % 16 == 0, a.untyped_storage().nbytes() < 2**31)
+                     if isinstance(a, torch.Tensor) else a for a in args if not isinstance(a, float))
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+                 for a in args if not isinstance(a, float))
+
+
+class _Launch:
+    """How to launch one kernel for one shape key: the launch kwargs (block
+    sizes, warps, stages, head meta) and the compiled kernels seen so far."""
+
+    def __init__(self, kernel: str, config: dict, description: str, meta: dict):
+        self.jit_fn = _KERNELS[kernel]
+        self.config, self.description = config, description
+        self.kwargs = {**meta, **config}
+        # The compiled kernel takes every argument positionally, constexprs included,
+        # in the order of the kernel's signature (triton >= 3.2). None: no fast path
+        # (the interpreter, whose kernels are never compiled).
+        params = getattr(self.jit_fn, "params", None)
+        self.constexprs = None if params is None else [
+            self.kwargs[p.name] for p in params if p.is_constexpr]
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, grid: tuple, args: tuple) -> None:
+        if self.constexprs is None or not FAST_LAUNCH:
+            self.jit_fn[grid](*args, **self.kwargs)
+            return
+        key = specialization_key(args)
+        compiled = self.compiled.get(key)
+        if compiled is None:  # the normal path; it returns the compiled kernel it ran
+            self.compiled[key] = self.jit_fn[grid](*args, **self.kwargs)
+            return
+        try:
+            compiled[grid](*args, *self.constexprs)
+        except TypeError as e:  # another Triton calling convention: stop using the fast path
+            _fast_launch_unavailable(e)
+            self.jit_fn[grid](*args, **self.kwargs)
+
+
+def _fast_launch_unavailable(error: Exception) -> None:
+    global FAST_LAUNCH
+    FAST_LAUNCH = False
+    warnings.warn(f"version 3: Triton {triton.__version__} does not take the direct launch "
+                  f"({error}); using the normal launch path", stacklevel=3)
 
 
 def chosen_configs() -> dict[str, str]:
@@ -306,15 +372,16 @@ def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, *
     knobs also work in a running Python session."""
     forced = FORCED_CONFIGS.get(kernel) or os.environ.get(_ENV_NAMES[kernel])
     cache_key = (kernel, key, AUTOTUNE, str(forced) if forced else None)
-    chosen = _CHOSEN.get(cache_key)
-    if chosen is None:
+    launch = _CHOSEN.get(cache_key)
+    if launch is None:
         config, how, launched = _choose(kernel, key, grid, args, meta, width, elem_bytes)
-        chosen = _CHOSEN[cache_key] = (config, f"{how}: " + _describe(config))
-        _LAST_CONFIG[kernel] = chosen[1]
+        config = {k: v for k, v in config.items() if k not in meta}  # autotune returns meta too
+        launch = _CHOSEN[cache_key] = _Launch(kernel, config, f"{how}: " + _describe(config), meta)
+        _LAST_CONFIG[kernel] = launch.description
         if launched:
             return
-    config, _LAST_CONFIG[kernel] = chosen
-    _KERNELS[kernel][grid(config)](*args, **meta, **config)
+    _LAST_CONFIG[kernel] = launch.description
+    launch(grid(launch.config), args)
 
 
 # =============================================================================
@@ -395,7 +462,7 @@ def _norm_block_cols(n_cols: int) -> int:
     if n_cols > MAX_NORM_COLS:
         raise ValueError(f"rms_norm: hidden size {n_cols} is above {MAX_NORM_COLS}, the most one "
                          f"program keeps in registers in this teaching kernel")
-    return triton.next_power_of_2(n_cols)
+    return _next_power_of_2(n_cols)
 
 
 def _rmsnorm_outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
@@ -416,7 +483,7 @@ def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
     n_rows = x2.shape[0]
     if n_rows == 0:
         return y, rstd
-    _launch("rmsnorm_fwd", lambda c: (triton.cdiv(n_rows, c["BLOCK_ROWS"]),), (n_cols,),
+    _launch("rmsnorm_fwd", lambda c: (_cdiv(n_rows, c["BLOCK_ROWS"]),), (n_cols,),
             x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
             width=n_cols, elem_bytes=x.element_size(), BLOCK_COLS=block_cols)
     return y, rstd
@@ -442,7 +509,7 @@ def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     programs = max(1, min(n_rows, 4 * _sm_count(x.device) if x.is_cuda else 3))
     partial = _empty((programs, n_cols), torch.float32, x.device)
     _launch("rmsnorm_bwd", lambda c: (programs,), (n_cols,),
-            dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, triton.cdiv(n_rows, programs),
+            dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, _cdiv(n_rows, programs),
             dy2.stride(0), x2.stride(0), n_cols,
             width=n_cols, elem_bytes=x.element_size(), BLOCK_COLS=block_cols)
     return dx.view(x.shape), partial.sum(dim=0).to(weight.dtype)
@@ -764,7 +831,7 @@ def _attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 
 def _strides(t: torch.Tensor):
-    return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride()[:3]  # batch, head, position (the head dim has stride 1)
 
 
 def _tuning_key(q: torch.Tensor, meta: dict) -> tuple:
@@ -776,7 +843,7 @@ def _tuning_key(q: torch.Tensor, meta: dict) -> tuple:
 def _head_meta(q, k) -> dict:
     D = q.shape[-1]
     return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
-                BLOCK_D=max(16, triton.next_power_of_2(D)), DOT_PRECISION=_dot_precision(q.dtype))
+                BLOCK_D=max(16, _next_power_of_2(D)), DOT_PRECISION=_dot_precision(q.dtype))
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -789,7 +856,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if o.numel() == 0:
         return o, lse
     meta = _head_meta(q, k)
-    _launch("attn_fwd", lambda c: (triton.cdiv(T, c["BLOCK_M"]), B * H), _tuning_key(q, meta),
+    _launch("attn_fwd", lambda c: (_cdiv(T, c["BLOCK_M"]), B * H), _tuning_key(q, meta),
             q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
             H, T, sm_scale * _LOG2_E, width=D, elem_bytes=q.element_size(), **meta)
     return o, lse
@@ -808,11 +875,11 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     meta = _head_meta(q, k)
     key, size = _tuning_key(q, meta), dict(width=D, elem_bytes=q.element_size())
     delta = _empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
-    _launch("attn_bwd_dq", lambda c: (triton.cdiv(T, c["BLOCK_M"]), B * H), key,
+    _launch("attn_bwd_dq", lambda c: (_cdiv(T, c["BLOCK_M"]), B * H), key,
             q, k, v, o, grad_o, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
             *_strides(o), *_strides(grad_o), *_strides(dq), H, T, sm_scale, sm_scale * _LOG2_E,
             **size, **meta)
-    _launch("attn_bwd_dkdv", lambda c: (triton.cdiv(T, c["BLOCK_N"]), B * H_kv), key,
+    _launch("attn_bwd_dkdv", lambda c: (_cdiv(T, c["BLOCK_N"]), B * H_kv), key,
             q, k, v, grad_o, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
             *_strides(grad_o), *_strides(dk), *_strides(dv), H_kv, T, sm_scale,
             sm_scale * _LOG2_E, **size, **meta)

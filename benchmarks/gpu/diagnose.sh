@@ -3,10 +3,12 @@
 #
 #   OUT_DIR=results/diagnose bash benchmarks/gpu/diagnose.sh                 # everything
 #   OUT_DIR=results/diagnose bash benchmarks/gpu/diagnose.sh host v4profile  # some sections
+#   DIAGNOSE="host normcfg" bash benchmarks/gpu/run.sh diagnose              # the same, via run.sh
 #
 # Sections:
 #   host       benchmarks/host_overhead.py --cprofile 30: host microseconds per call of a raw
 #              Triton launch, V3's launchers/autograd functions, F.rms_norm and SDPA
+#   normcfg    version3_triton/bench_kernels.py --kernels rmsnorm with a few forced RMSNorm configs
 #   capture    capture V3's RMSNorm forward+backward in a CUDA graph, with the full traceback
 #   v4profile  V4 medium compiled, PyTorch profiler over 3 steps: kernel table by category
 #   v4modes    V4 medium bf16 compiled: reduce-overhead (CUDA graphs) and each SDPA backend
@@ -22,7 +24,7 @@ WARMUP=${WARMUP:-10}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || SECTIONS=(host capture v4profile v4modes v3profile)
+[ ${#SECTIONS[@]} -gt 0 ] || read -r -a SECTIONS <<< "${DIAGNOSE:-host normcfg capture v4profile v4modes v3profile}"
 wants() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
 start=$SECONDS
 failed=0
@@ -33,6 +35,19 @@ if wants host; then
     $PY benchmarks/host_overhead.py --cprofile 30 --output "$OUT_DIR/host_overhead.json" \
         > "$OUT_DIR/host_overhead.log" 2>&1 || failed=1
     head -n 16 "$OUT_DIR/host_overhead.log"
+fi
+
+if wants normcfg; then  # RMSNorm launch configurations other than the rule's (bench only)
+    say normcfg
+    for cfg in "" "rmsnorm_bwd=BLOCK_ROWS=2,num_warps=4,num_stages=3" \
+               "rmsnorm_bwd=BLOCK_ROWS=4,num_warps=8,num_stages=2" \
+               "rmsnorm_fwd=BLOCK_ROWS=2,num_warps=8,num_stages=1" \
+               "rmsnorm_fwd=BLOCK_ROWS=4,num_warps=8,num_stages=2"; do
+        kernel=${cfg%%=*}; value=${cfg#*=}
+        env ${cfg:+V3_${kernel^^}_CONFIG=$value} $PY version3_triton/bench_kernels.py --kernels rmsnorm \
+            > "$OUT_DIR/normcfg.log" 2>&1 || failed=1
+        echo "  ${cfg:-rule}:"; grep -E "triton |rmsnorm_(fwd|bwd) " "$OUT_DIR/normcfg.log" | head -n 4
+    done
 fi
 
 if wants capture; then
