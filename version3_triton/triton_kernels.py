@@ -327,8 +327,8 @@ class _Launch:
             self.compiled[key] = self.jit_fn[grid](*args, **self.kwargs)
             return
         try:
-            compiled[grid](*args, *self.constexprs)
-        except TypeError as e:  # another Triton calling convention: stop using the fast path
+            compiled[(*grid, 1, 1)[:3]](*args, *self.constexprs)  # it wants 3 grid dimensions
+        except (TypeError, IndexError, ValueError, SystemError) as e:  # another Triton calling convention: stop using the fast path
             _fast_launch_unavailable(e)
             self.jit_fn[grid](*args, **self.kwargs)
 

@@ -4,12 +4,33 @@
 #
 #   OUT_DIR=results/ddp bash benchmarks/gpu/ddp.sh
 #
+# Variant mode: one 1-GPU baseline, then one DDP run per variant, then one table.
+#
+#   VARIANTS="base bucket100 bf16 whole bf16+bucket100" EXTRA_ARGS=--compile PROFILE=1 \
+#       OUT_DIR=results/ddp bash benchmarks/gpu/ddp.sh
+#
+#   variant     flags (only the multi-GPU runs get them; see docs/MULTI_GPU.md)
+#   base        none: DDP with 25 MB buckets, fp32 all-reduce
+#   bucketN     --ddp-bucket-mb N             (bucket50, bucket100, bucket200, bucket1000 ...)
+#   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
+#   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
+#   fsdp        --fsdp                        (FSDP2 instead of DDP)
+#   noreshard   --fsdp --fsdp-reshard-after-forward false
+#   a+b         both, e.g. bf16+bucket100
+# PROFILE=1 then runs the first variant once more under the PyTorch profiler and
+# prints how much of the NCCL kernel time overlapped compute (python -m
+# harness.distributed overlap); rank 0's trace is kept (gzipped), the others' dropped.
+# RUN_TIMEOUT (150) caps each run; BUDGET_S (540) caps the whole script: a run that
+# would start too late is skipped, so the table always comes out.
+#
 # Every run uses the same per-GPU batch (the medium preset's 16 x 512 tokens),
 # so 2 GPUs do twice the work per step; scaling efficiency =
 # global tokens/s / (2 x single-GPU tokens/s). Target on 2 H200s: >= 90%.
-# Writes single.json, ddp2.json, fsdp2.json, scaling.json, topology.txt and
-# runs.log to $OUT_DIR. Expected wall time: about 2-3 minutes (mostly start-up:
-# three torch imports and NCCL set-up; the timed steps take seconds).
+# Writes single.json, one JSON per multi-GPU run (ddp2.json, fsdp2.json,
+# ddp2_<variant>.json), scaling.json, topology.txt and runs.log to $OUT_DIR
+# (profile/ with PROFILE=1). Wall time: about 30-90 s per run, mostly start-up
+# (torch import, NCCL set-up, torch.compile); the timed steps take seconds.
+# The script prints its estimate first.
 #
 # NVLink multicast (NVLS) stays off: this script never sets NCCL_NVLS_ENABLE=1
 # (it refuses to run if it is set) and keeps a machine's own value otherwise.
@@ -19,6 +40,10 @@ OUT_DIR=${OUT_DIR:-results/ddp}
 PY=${PYTHON:-python3}
 NGPU=${NGPU:-2}
 STEPS=${STEPS:-60}
+WARMUP=10
+RUN_TIMEOUT=${RUN_TIMEOUT:-150}
+BUDGET_S=${BUDGET_S:-540}
+MIN_RUN_S=45   # a run given less time than this cannot finish: skip it instead
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -28,6 +53,32 @@ if [ "${NCCL_NVLS_ENABLE:-0}" = "1" ]; then
 fi
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 
+variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unknown part
+    local part flags=()
+    for part in ${1//+/ }; do
+        case $part in
+            base) ;;
+            bucket[0-9]*) flags+=(--ddp-bucket-mb "${part#bucket}") ;;
+            bf16 | fp16) flags+=(--ddp-comm-hook "$part") ;;
+            whole) flags+=(--compile-ddp whole) ;;
+            fsdp) flags+=(--fsdp) ;;
+            noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
+            *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
+                    "whole fsdp noreshard, joined with +)" >&2
+               return 2 ;;
+        esac
+    done
+    echo "${flags[*]}"
+}
+
+if [ -n "${VARIANTS:-}" ]; then
+    read -r -a variants <<< "$VARIANTS"
+else  # the default: plain DDP, and FSDP2 unless FSDP=0
+    variants=(base)
+    [ "${FSDP:-1}" = 1 ] && variants+=(fsdp)
+fi
+for name in "${variants[@]}"; do variant_flags "$name" > /dev/null || exit 2; done  # typos fail now
+
 visible=$($PY -c 'import torch; print(torch.cuda.device_count())')
 if [ "$visible" -lt "$NGPU" ]; then
     echo "error: needs $NGPU GPUs, $visible visible" >&2
@@ -36,15 +87,26 @@ fi
 
 SCRIPT=version4_sdpa/tiny_llama_v4.py
 [ -f "$SCRIPT" ] || SCRIPT=version1_baseline/tiny_llama_v1.py
-ARGS=(--preset medium --precision bf16 --num-steps "$STEPS" --warmup-steps 10 --log-every 20 ${EXTRA_ARGS:-})
+ARGS=(--preset medium --precision bf16 --num-steps "$STEPS" --warmup-steps "$WARMUP" --log-every 20 ${EXTRA_ARGS:-})
 LOG="$OUT_DIR/runs.log"  # every run's full output
 : > "$LOG"
 (nvidia-smi topo -m || rocm-smi --showtopo) > "$OUT_DIR/topology.txt" 2>&1 || true
 
+planned=$((1 + ${#variants[@]} + ${PROFILE:-0}))
+echo "plan: 1 GPU baseline, ${#variants[@]} x $NGPU-GPU run(s) (${variants[*]})$([ "${PROFILE:-0}" = 1 ] && echo ", 1 profiled run")"
+echo "expected wall time: $planned runs x 30-90 s = about $((planned / 2 + 1))-$((planned * 3 / 2)) min" \
+     "(compile and NCCL set-up dominate; capped at $BUDGET_S s)"
+deadline=$((SECONDS + BUDGET_S))
+
 run() {  # run NAME COMMAND...: one line of progress here, everything in the log
     local name=$1; shift
+    local left=$((deadline - SECONDS))
+    if [ "$left" -lt "$MIN_RUN_S" ]; then
+        echo "   $name skipped: ${left} s left of BUDGET_S=$BUDGET_S" | tee -a "$LOG"
+        return 1
+    fi
     echo "== $name: $*" | tee -a "$LOG"
-    if timeout 150 "$@" >> "$LOG" 2>&1; then
+    if timeout $((left < RUN_TIMEOUT ? left : RUN_TIMEOUT)) "$@" >> "$LOG" 2>&1; then
         grep "tok/s | step" "$LOG" | tail -n 1
     else
         echo "   $name failed (exit $?): see $LOG" | tee -a "$LOG"
@@ -53,12 +115,32 @@ run() {  # run NAME COMMAND...: one line of progress here, everything in the log
 }
 TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU")
 
-run "1 GPU" env CUDA_VISIBLE_DEVICES=0 $PY "$SCRIPT" "${ARGS[@]}" --output "$OUT_DIR/single.json"
-runs=()
-run "DDP x$NGPU" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" --output "$OUT_DIR/ddp$NGPU.json" \
-    && runs+=("$OUT_DIR/ddp$NGPU.json")
-[ "${FSDP:-1}" = 1 ] && run "FSDP2 x$NGPU" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" --fsdp --output "$OUT_DIR/fsdp$NGPU.json" \
-    && runs+=("$OUT_DIR/fsdp$NGPU.json")
+run "1 GPU" env CUDA_VISIBLE_DEVICES=0 $PY "$SCRIPT" "${ARGS[@]}" --output "$OUT_DIR/single.json" || {
+    echo "the 1-GPU baseline failed: see $LOG" >&2; exit 1; }
+runs=() missing=()
+for name in "${variants[@]}"; do
+    read -r -a flags <<< "$(variant_flags "$name")"
+    kind=ddp; [[ " ${flags[*]} " == *" --fsdp "* ]] && kind=fsdp
+    file="$OUT_DIR/$kind$NGPU.json"  # base and fsdp keep the names of the default mode
+    [[ $name == base || $name == fsdp ]] || file="$OUT_DIR/$kind${NGPU}_${name//+/_}.json"
+    run "${kind^^} x$NGPU [$name]" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" --output "$file" \
+        && runs+=("$file") || missing+=("$name")
+done
+
+if [ "${PROFILE:-0}" = 1 ]; then
+    # The profiled steps come right after warm-up; a few are enough (harness/profiling.py).
+    read -r -a flags <<< "$(variant_flags "${variants[0]}")"
+    if run "profile [${variants[0]}]" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" \
+            --num-steps $((WARMUP + 4)) --profile pytorch --profile-dir "$OUT_DIR/profile" \
+            --output "$OUT_DIR/profile/run.json"; then
+        mapfile -t traces < <(find "$OUT_DIR/profile" -name '*.pt.trace.json' | sort)
+        echo "communication/compute overlap (profiled steps; NCCL kernels also run while waiting for the other rank):"
+        $PY -m harness.distributed overlap "${traces[@]}" | tee -a "$LOG" || true
+        for trace in "${traces[@]}"; do  # keep rank 0's trace only, compressed (Perfetto opens .gz)
+            if [[ $trace == */rank0/* ]]; then gzip -f "$trace"; else rm -f "$trace"; fi
+        done
+    fi
+fi
 
 echo
 if [ ${#runs[@]} -eq 0 ]; then
@@ -67,9 +149,11 @@ if [ ${#runs[@]} -eq 0 ]; then
 fi
 $PY -m harness.distributed "$OUT_DIR/single.json" "${runs[@]}" --json "$OUT_DIR/scaling.json"
 $PY - "$OUT_DIR/scaling.json" <<'EOF'
-import json, sys
+import json, os, sys
 for path, row in json.load(open(sys.argv[1]))["runs"].items():
     eff = row["efficiency"]
     verdict = "meets" if eff is not None and eff >= 0.90 else "BELOW"
-    print(f"{row['kind']} x{row['world_size']}: scaling efficiency {eff:.1%} ({verdict} the 90% target)")
+    print(f"{os.path.basename(path)}: {row['kind']} x{row['world_size']} ({row['variant']}): "
+          f"scaling efficiency {eff:.1%} ({verdict} the 90% target)")
 EOF
+[ ${#missing[@]} -eq 0 ] || echo "failed or skipped (see $LOG): ${missing[*]}"

@@ -5,7 +5,7 @@
 #   OUT_DIR=results/v3 bash benchmarks/gpu/v3.sh bench models # some sections
 #
 # Sections:
-#   tests   tests/test_triton_kernels.py + tests/test_v3_model.py on the GPU: every kernel
+#   tests   tests/test_triton_kernels.py + tests/test_v3_model.py on the GPU (PYTEST_ARGS, e.g. -k, narrows them): every kernel
 #           against fp64 on odd shapes (outputs NaN-poisoned), bf16/fp16 error <= 2x
 #           PyTorch's own, every autotuning candidate, bit-identical repeats, V3 == V1
 #   bench   version3_triton/bench_kernels.py: RMSNorm GB/s vs device copy, attention vs
@@ -36,7 +36,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null \
 
 if wants tests; then
     echo "== tests ($((SECONDS - start)) s)"
-    timeout 600 $PY -m pytest tests/test_triton_kernels.py tests/test_v3_model.py -q \
+    timeout 600 $PY -m pytest tests/test_triton_kernels.py tests/test_v3_model.py -q ${PYTEST_ARGS:-} \
         -p no:cacheprovider --durations=5 > "$OUT_DIR/tests.log" 2>&1 || failed=1
     tail -n 15 "$OUT_DIR/tests.log"
 fi
@@ -60,11 +60,10 @@ if wants models; then
             echo "   $name FAILED (exit $?): $(tail -n 1 "$OUT_DIR/models.log")"; failed=1
         fi
     }
-    run v1_eager version1_baseline/tiny_llama_v1.py
-    run v3_eager version3_triton/tiny_llama_v3.py
-    run v4_eager version4_sdpa/tiny_llama_v4.py
-    run v3_compile version3_triton/tiny_llama_v3.py --compile
-    run v4_compile version4_sdpa/tiny_llama_v4.py --compile
+    for name in ${MODELS:-v1_eager v3_eager v4_eager v3_compile v4_compile}; do  # knob: MODELS
+        script=$(ls version*_*/tiny_llama_"${name%_*}".py)
+        if [ "${name#*_}" = compile ]; then run "$name" "$script" --compile; else run "$name" "$script"; fi
+    done
 fi
 
 echo
