@@ -52,6 +52,10 @@ class RunSettings:
     profile: str | None = None
     profile_dir: str | None = None
     fsdp: bool = False
+    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see harness/distributed.py
+    ddp_comm_hook: str = "none"
+    compile_ddp: str = "split"
+    fsdp_reshard_after_forward: bool = True
     command: str = ""
     options: dict = field(default_factory=dict)
 
@@ -95,6 +99,20 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "or fused (one kernel)")
     t.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard with FSDP2 instead of DDP")
+    t.add_argument("--ddp-bucket-mb", type=float, default=25.0, metavar="MB",
+                   help="DDP gradient bucket size in MiB (DDP's bucket_cap_mb): one all-reduce "
+                        "per bucket; bigger = fewer calls and, with --compile, fewer graph splits")
+    t.add_argument("--ddp-comm-hook", choices=("none", "bf16", "fp16"), default="none",
+                   help="DDP: all-reduce gradients in 16 bits (half the bytes on the wire); they "
+                        "are averaged in bf16/fp16 and written back to fp32, which changes the "
+                        "numerics slightly; bf16 needs NCCL/RCCL (a GPU)")
+    t.add_argument("--compile-ddp", choices=("split", "whole"), default="split",
+                   help="--compile with DDP: split = one graph per gradient bucket so all-reduce "
+                        "overlaps backward (torch._dynamo.config.optimize_ddp); whole = one "
+                        "graph, all-reduce after backward")
+    t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
+                   help="FSDP2: free each block's gathered weights after forward (true, less "
+                        "memory) or keep them for backward (false, one all-gather fewer)")
 
     r = p.add_argument_group("run")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -156,6 +174,8 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
         (args.grad_accum > 0, f"--grad-accum must be > 0 (got {args.grad_accum})"),
         (args.log_every > 0, f"--log-every must be > 0 (got {args.log_every})"),
+        (0 < args.ddp_bucket_mb < float("inf"),
+         f"--ddp-bucket-mb must be a positive number (got {args.ddp_bucket_mb})"),
         (not args.output or args.output.endswith(".json"), "--output must end in .json"),
     ]
     for ok, message in checks:
@@ -172,7 +192,10 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         compile=args.compile, compile_mode=args.compile_mode, optimizer=args.optimizer,
         measure_peak=args.measure_peak, output=args.output, quiet=args.quiet,
         log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
-        fsdp=args.fsdp, command=" ".join(["python", sys.argv[0], *argv]))
+        fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
+        compile_ddp=args.compile_ddp,
+        fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
+        command=" ".join(["python", sys.argv[0], *argv]))
 
 
 def main(version: str, build_model, *, description: str = "", add_arguments=None,

@@ -21,13 +21,19 @@ Rank 0 prints and writes the results; the others gather their timings to it.
 Started with plain `python`, none of this happens: `SingleProcess` below is what
 the trainer gets, and it talks to both through the same methods.
 
-Run as a module to compare runs (scaling efficiency):
+Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
+--compile-ddp for DDP; --fsdp-reshard-after-forward for FSDP2.
+
+Run as a module to compare runs (scaling efficiency), or to see in a PyTorch
+profiler trace how much of the NCCL time hid behind compute:
     python -m harness.distributed single.json ddp.json [fsdp.json ...] [--json out.json]
+    python -m harness.distributed overlap rank0/pytorch/*.pt.trace.json
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -39,9 +45,17 @@ import torch
 
 from . import device as dev
 from . import measure
+from .cli import RunSettings
 from .errors import UsageError
 
-BUCKET_MB = 25  # DDP's default gradient bucket; we pass it explicitly and time one bucket
+BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm is timed in these
+COMM_HOOK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --ddp-comm-hook
+# Knobs that only one wrapper reads, with their flags: asking for one that will not
+# be used is an error under torchrun, and a note without it (see check_knobs).
+DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
+             "compile_ddp": "--compile-ddp"}
+FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward"}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSettings)}
 BUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/N, as nccl-tests
 ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
 
@@ -73,13 +87,43 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def knob(settings, name: str):
+    """A data-parallel setting, or its default when `settings` predates it."""
+    return getattr(settings, name, DEFAULTS[name])
+
+
+def check_knobs(settings, under_torchrun: bool) -> None:
+    """DDP knobs need DDP, FSDP knobs need --fsdp.
+
+    Without torchrun there is one process and nothing to tune: the knobs are
+    ignored with a note, so the 1-GPU baseline can take the same flags as the
+    multi-GPU run. Under torchrun, a knob the chosen wrapper never reads is
+    almost certainly a mistake, so it stops the run (exit code 2).
+    """
+    ddp_set = [flag for name, flag in DDP_KNOBS.items() if knob(settings, name) != DEFAULTS[name]]
+    fsdp_set = [flag for name, flag in FSDP_KNOBS.items() if knob(settings, name) != DEFAULTS[name]]
+    if not under_torchrun:
+        if ddp_set or fsdp_set:
+            print(f"note: {', '.join(ddp_set + fsdp_set)} only act under torchrun; ignored in "
+                  f"this single-process run", file=sys.stderr)
+        return
+    wrong = ddp_set if settings.fsdp else fsdp_set
+    if wrong:
+        raise UsageError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} "
+                         f"{'DDP' if settings.fsdp else 'FSDP2 (--fsdp)'}, but this run uses "
+                         f"{'FSDP2' if settings.fsdp else 'DDP'}: drop "
+                         f"{'it' if len(wrong) == 1 else 'them'}")
+
+
 def setup(settings):
     """SingleProcess under plain python; a joined DataParallel under torchrun."""
     if not launched_by_torchrun():
         if settings.fsdp:
             raise UsageError("--fsdp shards the model over several processes: launch with "
                              "torchrun --nproc-per-node N <script> --fsdp ...")
+        check_knobs(settings, under_torchrun=False)
         return SingleProcess()
+    check_knobs(settings, under_torchrun=True)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -123,6 +167,13 @@ class DataParallel(SingleProcess):
         self.is_main = self.rank == 0
         self.kind = "fsdp2" if fully_shard else "ddp"
         self.grad_accum = settings.grad_accum
+        self.bucket_mb = knob(settings, "ddp_bucket_mb")
+        self.comm_hook = knob(settings, "ddp_comm_hook")
+        self.compile_ddp = knob(settings, "compile_ddp") if getattr(settings, "compile", False) \
+            else None  # only torch.compile reads it
+        self.reshard_after_forward = knob(settings, "fsdp_reshard_after_forward")
+        if self.is_main and self.compile_ddp is None and knob(settings, "compile_ddp") != "split":
+            print("note: --compile-ddp only acts with --compile; ignored", file=sys.stderr)
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         self.gradient_numel = 0
         self.extra = {
@@ -131,6 +182,9 @@ class DataParallel(SingleProcess):
             "processes_per_node": local_size,
             "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
             "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
+            **({"bucket_cap_mb": self.bucket_mb, "comm_hook": self.comm_hook,
+                "compile_ddp": self.compile_ddp} if self.kind == "ddp" else
+               {"reshard_after_forward": self.reshard_after_forward}),
             "nccl_version": _nccl_version() if backend == "nccl" else None,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         }
@@ -139,16 +193,7 @@ class DataParallel(SingleProcess):
     def wrap(self, model, settings):
         self.gradient_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if self.kind == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            # DDP broadcasts rank 0's weights at construction, so replicas start equal.
-            # broadcast_buffers=False: our only buffers are the RoPE tables, equal
-            # on every rank, so re-broadcasting them before every forward is a
-            # wasted collective (and a sync point). gradient_as_bucket_view: the
-            # gradients live inside the all-reduce buckets instead of being copied in.
-            return DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                bucket_cap_mb=BUCKET_MB, broadcast_buffers=False, gradient_as_bucket_view=True)
+            return self._wrap_ddp(model)
         if not hasattr(model, "layers"):
             raise UsageError("--fsdp shards one transformer block at a time and needs model.layers")
         from torch.distributed.device_mesh import init_device_mesh
@@ -156,10 +201,59 @@ class DataParallel(SingleProcess):
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         # One FSDP unit per block: only one block's full weights exist at a time,
         # and the next block's all-gather overlaps this block's compute.
+        # reshard_after_forward=False keeps each block's gathered weights from
+        # forward until its backward: one all-gather per block fewer, more memory.
         for block in model.layers:
-            self.fully_shard(block, mesh=mesh)
+            self.fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         self.fully_shard(model, mesh=mesh)  # the rest: embeddings, final norm, output head
         return model
+
+    def _wrap_ddp(self, model):
+        from torch.nn.parallel import DistributedDataParallel
+
+        if self.compile_ddp is not None:
+            # torch.compile of a DDP model: Dynamo's DDPOptimizer cuts the graph at
+            # bucket boundaries, so each bucket's all-reduce can start while the
+            # rest of backward runs ("split"); "whole" compiles one graph whose
+            # gradients all appear at its end, then all-reduces them.
+            import torch._dynamo
+
+            torch._dynamo.config.optimize_ddp = self.compile_ddp == "split"
+        # DDP broadcasts rank 0's weights at construction, so replicas start equal.
+        # broadcast_buffers=False: our only buffers are the RoPE tables, equal
+        # on every rank, so re-broadcasting them before every forward is a
+        # wasted collective (and a sync point). gradient_as_bucket_view: the
+        # gradients live inside the all-reduce buckets instead of being copied in.
+        ddp = DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True)
+        if self.comm_hook != "none":
+            self._register_comm_hook(ddp)
+        return ddp
+
+    def _register_comm_hook(self, ddp) -> None:
+        """--ddp-comm-hook: all-reduce the gradients in 16 bits.
+
+        The hook casts each fp32 bucket to bf16/fp16, all-reduces it, divides by
+        the world size and writes the result back into the fp32 gradients: half
+        the bytes on the wire, an average rounded to 16 bits. DDP accepts the
+        bf16 hook only with NCCL/RCCL, and a backend may lack 16-bit all-reduce:
+        both stop here in one line instead of a traceback in the first backward.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        try:
+            # One tiny all-reduce in the wire type now (every rank does it together).
+            self.dist.all_reduce(torch.zeros(1, dtype=COMM_HOOK_DTYPES[self.comm_hook],
+                                             device=self.device))
+            hook = getattr(default_hooks, f"{self.comm_hook}_compress_hook")
+            ddp.register_comm_hook(None, hook)  # None: the default (whole-world) group
+        except (RuntimeError, TypeError) as e:
+            other = "fp16 or none" if self.comm_hook == "bf16" else "none"
+            raise UsageError(f"--ddp-comm-hook {self.comm_hook} does not work with the "
+                             f"{self.extra['backend']} backend here "
+                             f"({str(e).splitlines()[0][:120]}); use --ddp-comm-hook {other}"
+                             ) from None
 
     def no_sync(self, model, micro_step):
         """Gradient accumulation: communicate only on the last micro-step."""
@@ -224,8 +318,9 @@ class DataParallel(SingleProcess):
     def measure_communication(self, reps: int = 10) -> dict:
         """Time the collectives of one step alone, after training.
 
-        Method: one gradient-bucket-sized buffer (25 MB of fp32, or the whole
-        model if smaller), timed over `reps` calls after two warm-up calls, the
+        Method: one gradient-bucket-sized buffer (--ddp-bucket-mb of fp32 for
+        DDP, 25 MB for FSDP2, or the whole model if smaller; in 16 bits with
+        --ddp-comm-hook), timed over `reps` calls after two warm-up calls, the
         slowest rank's mean, scaled by the number of buckets the model fills.
         DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
         the weights (forward and backward) and one reduce-scatter of the gradients.
@@ -235,12 +330,14 @@ class DataParallel(SingleProcess):
         Bus bandwidth follows the nccl-tests convention (comparable across N).
         """
         n = self.world_size
-        numel = min(self.gradient_numel, BUCKET_MB * 2**20 // 4)
+        ddp = self.kind == "ddp"
+        numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // 4))
         numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
         buckets = math.ceil(self.gradient_numel / numel)
-        full = torch.ones(numel, device=self.device)
+        wire = COMM_HOOK_DTYPES.get(self.comm_hook, torch.float32) if ddp else torch.float32
+        full = torch.ones(numel, device=self.device, dtype=wire)
         shard = torch.ones(numel // n, device=self.device)
-        if self.kind == "ddp":
+        if ddp:
             ops = {"all_reduce": self._time(lambda: self.dist.all_reduce(full), reps)}
             per_step = ops["all_reduce"] * buckets
         else:
@@ -304,7 +401,7 @@ def scaling(single: dict, multi: dict) -> dict:
     communication that backward could not hide, plus waiting for the slowest rank.
     """
     n = multi["run"].get("world_size", 1)
-    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum")
+    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum", "compile")
                   if single["run"].get(k) != multi["run"].get(k)]
     if single["run"].get("world_size", 1) != 1 or mismatched or single["config"] != multi["config"]:
         what = ", ".join(mismatched) or ("model config" if single["config"] != multi["config"]
@@ -314,7 +411,8 @@ def scaling(single: dict, multi: dict) -> dict:
     tps_1, tps_n = single["throughput"]["tokens_per_s"], multi["throughput"]["tokens_per_s"]
     step_1, step_n = single["timing_ms"]["step"]["median"], multi["timing_ms"]["step"]["median"]
     comm = (multi.get("distributed") or {}).get("communication") or {}
-    return {"kind": multi["run"].get("parallel", "single"), "world_size": n,
+    return {"kind": multi["run"].get("parallel", "single"), "variant": variant(multi),
+            "world_size": n,
             "global_batch_size": multi["run"].get("global_batch_size"),
             "tokens_per_s": tps_n, "tokens_per_s_per_gpu": tps_n / n,
             "efficiency": tps_n / (n * tps_1) if tps_1 and tps_n else None,
@@ -323,8 +421,25 @@ def scaling(single: dict, multi: dict) -> dict:
             "bus_bandwidth_gb_s": comm.get("bus_bandwidth_gb_s")}
 
 
-COLUMNS = (  # header, key in a scaling() row, format
-    ("run", "kind", "s"), ("GPUs", "world_size", "d"), ("global batch", "global_batch_size", "d"),
+def variant(result: dict) -> str:
+    """The data-parallel knobs of a run, in words (older results: the defaults they ran with)."""
+    d = result.get("distributed") or {}
+    if d.get("kind") == "fsdp2":
+        keep = not d.get("reshard_after_forward", True)
+        return "keep weights fwd->bwd" if keep else "reshard after fwd"
+    if d.get("kind") != "ddp":
+        return ""
+    parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]
+    if d.get("comm_hook", "none") != "none":
+        parts.append(f"{d['comm_hook']} all-reduce")
+    if result["run"].get("compile"):
+        parts.append("one graph" if d.get("compile_ddp") == "whole" else "graph split per bucket")
+    return ", ".join(parts)
+
+
+COLUMNS = (  # header, key in a scaling() row, format; text columns are left-aligned
+    ("run", "kind", "s"), ("variant", "variant", "s"), ("GPUs", "world_size", "d"),
+    ("global batch", "global_batch_size", "d"),
     ("tokens/s", "tokens_per_s", ",.0f"), ("tok/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
     ("efficiency", "efficiency", ".1%"), ("step ms", "step_ms", ".2f"),
     ("+ms vs 1 GPU", "extra_ms_vs_1gpu", ".2f"),
@@ -334,7 +449,7 @@ COLUMNS = (  # header, key in a scaling() row, format
 
 def format_scaling(single: dict, rows: list[dict]) -> str:
     tps = single["throughput"]["tokens_per_s"]
-    base = {"kind": "1 GPU", "world_size": 1,
+    base = {"kind": "1 GPU", "variant": "", "world_size": 1,
             "global_batch_size": single["run"].get("global_batch_size"), "tokens_per_s": tps,
             "tokens_per_s_per_gpu": tps, "efficiency": 1.0,
             "step_ms": single["timing_ms"]["step"]["median"]}
@@ -342,17 +457,117 @@ def format_scaling(single: dict, rows: list[dict]) -> str:
     cells += [["n/a" if r.get(key) is None else format(r[key], spec) for _, key, spec in COLUMNS]
               for r in [base, *rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.ljust(w) if spec == "s" else c.rjust(w)
+                       for c, w, (_, _, spec) in zip(row, widths, COLUMNS)).rstrip()
+             for row in cells]
     run, d = single["run"], single["device"]
     return "\n".join([f"device: {d['name']} ({d['backend']}), torch {d['torch']}, "
                       f"{single['version']}, per-GPU batch {run['batch_size']} x "
-                      f"seq {run['seq_len']}, {run['precision']}",
+                      f"seq {run['seq_len']}, {run['precision']}, "
+                      f"{'compiled' if run.get('compile') else 'eager'}",
                       lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+# ---------------------------------------------------------------- overlap, from a profiler trace
+def communication_overlap(trace_path) -> dict:
+    """How much of the NCCL/RCCL kernel time ran while compute kernels ran too.
+
+    Reads the PyTorch profiler trace that `--profile pytorch` writes per rank.
+    Communication kernels are the ones named nccl* (RCCL keeps NCCL's names);
+    every other kernel counts as compute. Overlapped = time in which a
+    communication kernel and at least one compute kernel ran at once; exposed =
+    communication time with no compute beside it, which the step pays in full.
+    A communication kernel also runs while it waits for the slower rank, so
+    exposed time includes waiting for a straggler.
+    """
+    from profilers.kernel_table import ProfileParseError
+    from profilers.readers import read_text
+
+    try:
+        trace = json.loads(read_text(trace_path))
+    except (json.JSONDecodeError, ProfileParseError) as e:
+        raise UsageError(f"{trace_path}: not a readable PyTorch profiler trace "
+                         f"({getattr(e, 'msg', e)})") from None
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    kernels = [(e["ts"], e["ts"] + e.get("dur", 0), "nccl" in str(e.get("name", "")).lower())
+               for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    if not kernels:
+        raise UsageError(f"{trace_path}: no GPU kernels in this trace (a CPU run?)")
+    comm = _union([(a, b) for a, b, is_comm in kernels if is_comm])
+    compute = _union([(a, b) for a, b, is_comm in kernels if not is_comm])
+    steps = sum(1 for e in events if e.get("cat") == "user_annotation"
+                and str(e.get("name", "")).startswith("ProfilerStep#")) or 1
+    comm_us, overlapped_us = _length(comm), _overlap(comm, compute)
+
+    def per_step(us: float) -> float:  # microseconds in the trace -> ms per step
+        return us / 1000 / steps
+    return {"trace": str(trace_path), "steps": steps,
+            "comm_kernels": sum(is_comm for _, _, is_comm in kernels),
+            "comm_ms_per_step": per_step(comm_us),
+            "overlapped_ms_per_step": per_step(overlapped_us),
+            "exposed_ms_per_step": per_step(comm_us - overlapped_us),
+            "overlap_fraction": overlapped_us / comm_us if comm_us else None,
+            "compute_ms_per_step": per_step(_length(compute)),
+            "gpu_window_ms_per_step": per_step(max(b for _, b, _ in kernels)
+                                               - min(a for a, _, _ in kernels))}
+
+
+def _union(intervals) -> list[list[float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _length(intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _overlap(a, b) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def format_overlap(row: dict) -> str:
+    share = "n/a" if row["overlap_fraction"] is None else f"{row['overlap_fraction']:.0%}"
+    return (f"{row['trace']}: {row['steps']} steps; communication kernels "
+            f"{row['comm_ms_per_step']:.2f} ms/step, {row['overlapped_ms_per_step']:.2f} ms "
+            f"({share}) beside compute, {row['exposed_ms_per_step']:.2f} ms exposed; compute "
+            f"kernels {row['compute_ms_per_step']:.2f} ms/step in a "
+            f"{row['gpu_window_ms_per_step']:.2f} ms/step GPU window")
+
+
+def overlap_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.distributed overlap",
+                                description="Communication/compute overlap in PyTorch profiler "
+                                            "traces (one per rank) of a DDP or FSDP2 run.")
+    p.add_argument("traces", nargs="+", help="*.pt.trace.json[.gz] written by --profile pytorch")
+    args = p.parse_args(argv)
+    try:
+        rows = [communication_overlap(path) for path in args.traces]
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(map(format_overlap, rows)))
+    return 0
 
 
 def compare_main(argv: list[str] | None = None) -> int:
     from . import results
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["overlap"]:
+        return overlap_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m harness.distributed",
                                 description="Scaling efficiency of data-parallel runs "
                                             "against a 1-GPU run of the same per-GPU batch.")

@@ -66,7 +66,7 @@ def test_rank_outside_world_is_rejected():
 
 # ---------------------------------------------------------------- without torchrun
 def settings(**changes):
-    base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2)
+    base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False)
     return SimpleNamespace(**{**base, **changes})
 
 
@@ -171,7 +171,7 @@ def fake_result(world_size, tokens_per_s, step_ms, batch_size=4):
     return {"version": "v1", "config": {"hidden_dim": 64},
             "device": {"name": "gpu", "backend": "cuda", "torch": "x"},
             "run": {"world_size": world_size, "batch_size": batch_size, "seq_len": 32,
-                    "precision": "bf16", "grad_accum": 1, "parallel": "ddp",
+                    "precision": "bf16", "grad_accum": 1, "parallel": "ddp", "compile": False,
                     "global_batch_size": batch_size * world_size},
             "throughput": {"tokens_per_s": tokens_per_s},
             "timing_ms": {"step": {"median": step_ms}}}
@@ -232,3 +232,208 @@ def test_every_version_trains_under_ddp(version, single_run, tmp_path):
     result = json.loads((tmp_path / "out" / "run.json").read_text())
     assert result["version"] == version and result["run"]["world_size"] == 2
     assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-4)
+
+
+# ---------------------------------------------------------------- tuning knobs (docs/MULTI_GPU.md)
+def test_knob_flags_parse_and_bad_values_are_usage_errors():
+    from harness.cli import build_parser, settings_from_args
+
+    def parse(*argv):
+        return settings_from_args("v1", build_parser("v1", "").parse_args(list(argv)), list(argv))
+    s = parse("--ddp-bucket-mb", "100", "--ddp-comm-hook", "bf16", "--compile-ddp", "whole",
+              "--fsdp-reshard-after-forward", "false")
+    assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.fsdp_reshard_after_forward) == \
+        (100.0, "bf16", "whole", False)
+    d = parse()
+    assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.fsdp_reshard_after_forward) == \
+        (25.0, "none", "split", True)
+    for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
+                 ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"]):
+        with pytest.raises(UsageError, match=argv[0]):
+            parse(*argv)
+
+
+def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
+    for k in TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    ctx = distributed.setup(settings(ddp_comm_hook="bf16", ddp_bucket_mb=100.0))
+    assert ctx.world_size == 1
+    note = capsys.readouterr().err
+    assert note.count("\n") == 1 and "ignored" in note
+    assert "--ddp-bucket-mb, --ddp-comm-hook" in note
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    (dict(fsdp=True, ddp_comm_hook="fp16"), "--ddp-comm-hook configures DDP"),
+    (dict(fsdp=True, ddp_bucket_mb=50.0), "--ddp-bucket-mb configures DDP"),
+    (dict(fsdp_reshard_after_forward=False), "configures FSDP2"),
+])
+def test_a_knob_of_the_other_wrapper_is_a_usage_error(group_of_one, changes, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        group_of_one(**changes)
+
+
+def all_reduces_per_backward(model, steps=2) -> list[int]:
+    """Buckets all-reduced in each backward (DDP re-buckets after the first one)."""
+    calls = []
+    model.register_comm_hook(None, lambda state, bucket: (calls.append(1), _done(bucket))[1])
+    counts = []
+    for _ in range(steps):
+        model(torch.randn(3, 4)).sum().backward()
+        counts.append(len(calls))
+        calls.clear()
+    return counts
+
+
+def _done(bucket):
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def also_in_group(**changes):
+    """A second DataParallel in the process group a group_of_one() context opened."""
+    return distributed.DataParallel(settings(**changes), torch.device("cpu"), "gloo")
+
+
+def test_bucket_size_sets_the_number_of_all_reduces(group_of_one):
+    ctx = group_of_one(ddp_bucket_mb=100 / 2**20)  # 100-byte buckets
+    assert all_reduces_per_backward(ctx.wrap(TwoLayers(), None))[-1] > 1
+    default = also_in_group().wrap(TwoLayers(), None)
+    assert all_reduces_per_backward(default)[-1] == 1  # 232 bytes of gradients: one bucket
+    assert ctx.extra["bucket_cap_mb"] == 100 / 2**20 and ctx.extra["comm_hook"] == "none"
+    assert ctx.measure_communication(reps=1)["buckets"] > 1
+
+
+def test_comm_hook_averages_in_16_bits_into_fp32_gradients(group_of_one):
+    """fp16: the hook gloo accepts (DDP takes the bf16 hook only with NCCL/RCCL)."""
+    hook, dtype = "fp16", torch.float16
+    ctx = group_of_one(ddp_comm_hook=hook)
+    model, reference = ctx.wrap(TwoLayers(), None), TwoLayers()
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    for p, ref in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.float32
+        assert torch.equal(p.grad, ref.grad.to(dtype).float())  # world size 1: only the rounding
+    assert ctx.extra["comm_hook"] == hook
+    comm = ctx.measure_communication(reps=1)
+    assert comm["bucket_mib"] == pytest.approx(comm["gradient_mib"] / 2)  # 2 bytes on the wire
+
+
+@pytest.mark.parametrize("refusal", ["all-reduce", "register"])
+def test_a_hook_the_backend_refuses_is_one_usage_error(group_of_one, monkeypatch, refusal):
+    ctx = group_of_one(ddp_comm_hook="bf16")
+
+    def refuse(*args, **kwargs):
+        if refusal == "all-reduce":
+            raise RuntimeError("Unsupported dtype BFloat16\nmore detail")
+        raise TypeError("BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+")
+    target = (torch.distributed if refusal == "all-reduce"
+              else torch.nn.parallel.DistributedDataParallel)
+    monkeypatch.setattr(target, "all_reduce" if refusal == "all-reduce" else "register_comm_hook",
+                        refuse)
+    with pytest.raises(UsageError, match=r"--ddp-comm-hook bf16 does not work with the gloo "
+                                         r"backend here \(.*\); use --ddp-comm-hook fp16 or none$"):
+        ctx.wrap(TwoLayers(), None)
+
+
+@pytest.mark.parametrize("mode, optimize_ddp", [("split", True), ("whole", False)])
+def test_compile_ddp_chooses_dynamo_graph_splitting(group_of_one, mode, optimize_ddp):
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(optimize_ddp="unset"):  # restored afterwards
+        ctx = group_of_one(compile=True, compile_ddp=mode)
+        ctx.wrap(TwoLayers(), None)
+        assert torch._dynamo.config.optimize_ddp is optimize_ddp
+    assert ctx.extra["compile_ddp"] == mode
+    eager = also_in_group(compile_ddp=mode)  # without --compile there is nothing to split
+    assert eager.extra["compile_ddp"] is None
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp_reshard_after_forward_reaches_every_block(group_of_one, reshard):
+    ctx = group_of_one(fsdp=True, fsdp_reshard_after_forward=reshard)
+    real, seen = ctx.fully_shard, []
+    ctx.fully_shard = lambda module, **kw: (seen.append(kw.get("reshard_after_forward")),
+                                            real(module, **kw))[1]
+    model = ctx.wrap(TwoLayers(), None)
+    assert seen == [reshard, reshard, None]  # the two blocks, then the root (FSDP2's own choice)
+    model(torch.randn(3, 4)).sum().backward()
+    assert ctx.extra["reshard_after_forward"] is reshard and "comm_hook" not in ctx.extra
+
+
+def test_scaling_table_names_each_variant():
+    single = fake_result(1, 1000.0, 10.0)
+    runs = []
+    for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"}):
+        run = fake_result(2, 1800.0, 11.1)
+        run["distributed"] = {"kind": "ddp", **extra}
+        runs.append(run)
+    for run in (single, *runs):
+        run["run"]["compile"] = True
+    fsdp = fake_result(2, 1500.0, 13.0)
+    fsdp["run"]["parallel"] = "fsdp2"
+    fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False}
+    rows = [distributed.scaling(single, r) for r in runs]
+    assert [r["variant"] for r in rows] == [
+        "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph"]
+    single["run"]["compile"] = False
+    for r in runs:
+        r["run"]["compile"] = False
+    table = distributed.format_scaling(single, [distributed.scaling(single, r)
+                                                for r in (*runs, fsdp)])
+    assert "eager" in table.splitlines()[0]
+    assert "bucket 100 MB, bf16 all-reduce  " in table and "keep weights fwd->bwd" in table
+    runs[0]["run"]["compile"] = True
+    with pytest.raises(UsageError, match="compile"):
+        distributed.scaling(single, runs[0])
+
+
+def write_trace(path, kernels, steps=2):
+    """A PyTorch-profiler-shaped trace: (name, start us, end us) per kernel."""
+    events = [{"ph": "X", "cat": "kernel", "name": name, "ts": a, "dur": b - a}
+              for name, a, b in kernels]
+    events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": 0, "dur": 1}
+               for i in range(steps)]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_overlap_of_communication_with_compute(tmp_path):
+    trace = write_trace(tmp_path / "rank0.pt.trace.json", [
+        ("sm90_gemm", 0, 10), ("elementwise", 5, 12), ("flash_bwd", 16, 20),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8, 18),  # 8-12 and 16-18 beside compute
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 32)])  # alone
+    row = distributed.communication_overlap(trace)
+    assert (row["steps"], row["comm_kernels"]) == (2, 2)
+    assert row["comm_ms_per_step"] == pytest.approx(12 / 2 / 1000)
+    assert row["overlapped_ms_per_step"] == pytest.approx(6 / 2 / 1000)
+    assert row["exposed_ms_per_step"] == pytest.approx(6 / 2 / 1000)
+    assert row["overlap_fraction"] == pytest.approx(0.5)
+    assert row["compute_ms_per_step"] == pytest.approx(16 / 2 / 1000)
+    assert row["gpu_window_ms_per_step"] == pytest.approx(32 / 2 / 1000)
+    proc = run_cli(["-m", "harness.distributed", "overlap", trace])
+    assert proc.returncode == 0 and "(50%) beside compute" in proc.stdout
+    cpu_only = write_trace(tmp_path / "cpu.pt.trace.json", [])
+    proc = run_cli(["-m", "harness.distributed", "overlap", cpu_only])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no GPU kernels" in proc.stderr
+
+
+def test_small_buckets_train_exactly_like_the_default(single_run, tmp_path):
+    """Bucketing only groups the all-reduces: the averaged gradients are the same."""
+    torchrun(tmp_path / "out", "--ddp-bucket-mb", "0.1")
+    result = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-5)
+    d = result["distributed"]
+    assert (d["bucket_cap_mb"], d["comm_hook"], d["compile_ddp"]) == (0.1, "none", None)
+    assert d["communication"]["buckets"] >= 5  # 0.5 MiB of gradients in 0.1 MiB buckets
+
+
+def test_16_bit_gradient_all_reduce_trains_close_to_fp32(single_run, tmp_path):
+    """fp16 on gloo; the GPU benchmark uses bf16 (same hook, NCCL/RCCL only)."""
+    torchrun(tmp_path / "out", "--ddp-comm-hook", "fp16")
+    result = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-3)
+    assert result["distributed"]["comm_hook"] == "fp16"
+    assert "fp16 all-reduce" in distributed.variant(result)
