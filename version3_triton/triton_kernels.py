@@ -321,14 +321,15 @@ class _Launch:
         if self.constexprs is None or not FAST_LAUNCH:
             self.jit_fn[grid](*args, **self.kwargs)
             return
-        key = specialization_key(args)
+        key = (args[0].get_device(), specialization_key(args))  # compiled kernels are per GPU
         compiled = self.compiled.get(key)
         if compiled is None:  # the normal path; it returns the compiled kernel it ran
             self.compiled[key] = self.jit_fn[grid](*args, **self.kwargs)
             return
         try:
             compiled[(*grid, 1, 1)[:3]](*args, *self.constexprs)  # it wants 3 grid dimensions
-        except (TypeError, IndexError, ValueError, SystemError) as e:  # another Triton calling convention: stop using the fast path
+        except (TypeError, IndexError, ValueError, SystemError) as e:
+            # Another Triton version with another calling convention: say so, stop trying.
             _fast_launch_unavailable(e)
             self.jit_fn[grid](*args, **self.kwargs)
 
