@@ -4,6 +4,7 @@ On a CPU: stage 1 (first loss) and stage 4 (gradient guard) trip for real; stage
 and 5 run their Triton kernels in the interpreter and must match the fixed variant;
 stage 3's symptom (asynchronous execution) only exists on a GPU.
 """
+import importlib
 import json
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from conftest import HAS_GPU, REPO, gpu, run_cli
 
 STAGES = REPO / "exercises" / "performance_debugging"
+H200_DEBUG = REPO / "docs" / "data" / "h200_2026-11-22" / "session2" / "teaching" / "debug"
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,21 @@ def test_stage3_patches_only_the_clock(tmp_path):
         assert proc.returncode == 0, proc.stderr
         losses.append(json.loads(out.read_text())["losses"])
     assert losses[0] == losses[1]
+
+
+def test_stage3_check_trips_on_a_busy_gpu(monkeypatch):
+    """The real H200 medium runs: host clocks gave plausible numbers (below the peak) that do
+    not add up - the check must trip on those, and not on a synchronised run."""
+    monkeypatch.syspath_prepend(str(STAGES))
+    stages = importlib.import_module("run_all_stages")
+    broken, fixed = (json.loads((H200_DEBUG / f"stage3_{tag}.json").read_text())
+                     for tag in ("broken", "fixed"))
+    verdict = stages.stage3_verdict(broken, fixed)
+    assert verdict.tripped is True, verdict.symptom
+    assert "less of the step" in verdict.symptom and "synchronised rate" in verdict.symptom
+    other = json.loads((H200_DEBUG / "stage1_fixed.json").read_text())  # no --log-every 1
+    assert stages.stage3_verdict(fixed, fixed).tripped is False
+    assert stages.stage3_verdict(other, fixed).tripped is False
 
 
 @gpu

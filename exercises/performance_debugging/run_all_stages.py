@@ -44,7 +44,7 @@ STAGES = {  # number: (module, planted mistake, the check that exposes it)
     2: ("stage2_noncontiguous", "transposed views handed to a Triton kernel",
         "tokens/s vs fixed; strides the kernel saw"),
     3: ("stage3_unsynchronized_timing", "host clocks, no synchronize",
-        "phases vs step time; forward TFLOP/s vs peak"),
+        "phases vs step time; forward TFLOP/s vs fixed and peak"),
     4: ("stage4_cut_graph", "RMSNorm kernel without backward",
         "gradient guard (exit 5); bwd/fwd ratio"),
     5: ("stage5_triton_gemm", "hand-written Triton GEMM for every linear",
@@ -129,7 +129,21 @@ def check_stage3(run: StageRunner) -> Outcome:
     broken, fixed, msg = run.pair(3, ["--log-every", "1"])  # read the loss every step, as most scripts do
     if broken is None:
         return Outcome(3, False, f"the run failed: {msg}")
+    return stage3_verdict(broken, fixed)
 
+
+# A synchronised run accounts for nearly all of its step (the rest: zero_grad, the batch
+# copy, host gaps); on a busy GPU host clocks stay below the peak - they just do not add up.
+MISSING_SHARE = 0.10    # share of the step that the broken phases lose vs the fixed ones
+FORWARD_TOO_FAST = 1.25  # broken forward TFLOP/s vs the synchronised forward's
+
+
+def stage3_verdict(broken: dict, fixed: dict) -> Outcome:
+    """Do the host-clock phases add up, and is their forward believable?
+
+    Compared with the synchronised (--fixed) run of the same model, not with physics:
+    ahead of a busy GPU the host gets only as far as its launching speed and the launch
+    queue let it, so the forward looks faster than it is, but not faster than the peak."""
     def coverage(r):  # how much of the step the three timed phases account for
         return sum(median(r, p) for p in ("forward", "backward", "optimizer")) / median(r, "step")
 
@@ -137,13 +151,20 @@ def check_stage3(run: StageRunner) -> Outcome:
         cfg, run_ = ModelConfig(**r["config"]), r["run"]
         return flops.forward_flops(cfg, run_["batch_size"], run_["seq_len"]) / median(r, "forward") / 1e9
 
-    text = (f"phases cover {coverage(broken):.0%} of the step (fixed: {coverage(fixed):.0%}); "
-            f"forward at {forward_tflops(broken):.3g} TFLOP/s (fixed: {forward_tflops(fixed):.3g})")
+    lost = coverage(fixed) - coverage(broken)
+    speedup = forward_tflops(broken) / forward_tflops(fixed)
     peak = broken["mfu"]["peak_tflops"]
-    impossible = peak is not None and forward_tflops(broken) > peak
-    if peak:
-        text += f", peak {peak:.0f}"
-    return Outcome(3, impossible or coverage(broken) < 0.7 * coverage(fixed), text)
+    text = (f"phases cover {coverage(broken):.0%} of the step (fixed: {coverage(fixed):.0%}); "
+            f"forward at {forward_tflops(broken):.3g} TFLOP/s (fixed: {forward_tflops(fixed):.3g}"
+            f"{f', peak {peak:.0f}' if peak else ''})")
+    findings = []
+    if lost > MISSING_SHARE:
+        findings.append(f"the phases account for {lost:.0%} less of the step than synchronised ones")
+    if speedup > FORWARD_TOO_FAST:
+        findings.append(f"forward {speedup:.2f}x the synchronised rate")
+    if peak and forward_tflops(broken) > peak:
+        findings.append("forward above the GPU's peak")
+    return Outcome(3, bool(findings), text + (" -> " + "; ".join(findings) if findings else ""))
 
 
 def check_stage4(run: StageRunner) -> Outcome:
