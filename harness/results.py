@@ -40,8 +40,10 @@ class SchemaError(ValueError):
 
 
 def git_commit(repo_dir: Path | None = None) -> str | None:
-    """The checkout's commit; WORKSHOP_GIT_COMMIT names it for copies without .git
-    (a tree synced to a remote GPU machine, say)."""
+    """The checkout's commit. WORKSHOP_GIT_COMMIT, when set, names it instead: for a
+    tree synced to a remote GPU machine, whose .git (if any) may be stale."""
+    if os.environ.get("WORKSHOP_GIT_COMMIT"):
+        return os.environ["WORKSHOP_GIT_COMMIT"]
     repo_dir = repo_dir or Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_dir,
@@ -50,7 +52,7 @@ def git_commit(repo_dir: Path | None = None) -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("WORKSHOP_GIT_COMMIT") or None
+    return None
 
 
 def validate(result: dict) -> None:

@@ -200,8 +200,9 @@ def test_nvtx_block_ranges_leave_outputs_unchanged(monkeypatch):
     assert calls[:2] == ["block0", "pop"] and len(calls) == 2 * len(model.layers)
 
 
-def test_git_commit_falls_back_to_the_environment(tmp_path, monkeypatch):
+def test_git_commit_from_the_environment_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKSHOP_GIT_COMMIT", "abc123")
     assert results.git_commit(tmp_path) == "abc123"  # tmp_path is no git checkout
+    assert results.git_commit() == "abc123"  # also over a (possibly stale) .git
     monkeypatch.delenv("WORKSHOP_GIT_COMMIT")
     assert results.git_commit(tmp_path) is None
