@@ -87,11 +87,6 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def knob(settings, name: str):
-    """A data-parallel setting, or its default when `settings` predates it."""
-    return getattr(settings, name, DEFAULTS[name])
-
-
 def check_knobs(settings, under_torchrun: bool) -> None:
     """DDP knobs need DDP, FSDP knobs need --fsdp.
 
@@ -100,8 +95,9 @@ def check_knobs(settings, under_torchrun: bool) -> None:
     multi-GPU run. Under torchrun, a knob the chosen wrapper never reads is
     almost certainly a mistake, so it stops the run (exit code 2).
     """
-    ddp_set = [flag for name, flag in DDP_KNOBS.items() if knob(settings, name) != DEFAULTS[name]]
-    fsdp_set = [flag for name, flag in FSDP_KNOBS.items() if knob(settings, name) != DEFAULTS[name]]
+    ddp_set = [flag for name, flag in DDP_KNOBS.items() if getattr(settings, name) != DEFAULTS[name]]
+    fsdp_set = [flag for name, flag in FSDP_KNOBS.items()
+                if getattr(settings, name) != DEFAULTS[name]]
     if not under_torchrun:
         if ddp_set or fsdp_set:
             print(f"note: {', '.join(ddp_set + fsdp_set)} only act under torchrun; ignored in "
@@ -167,12 +163,10 @@ class DataParallel(SingleProcess):
         self.is_main = self.rank == 0
         self.kind = "fsdp2" if fully_shard else "ddp"
         self.grad_accum = settings.grad_accum
-        self.bucket_mb = knob(settings, "ddp_bucket_mb")
-        self.comm_hook = knob(settings, "ddp_comm_hook")
-        self.compile_ddp = knob(settings, "compile_ddp") if getattr(settings, "compile", False) \
-            else None  # only torch.compile reads it
-        self.reshard_after_forward = knob(settings, "fsdp_reshard_after_forward")
-        if self.is_main and self.compile_ddp is None and knob(settings, "compile_ddp") != "split":
+        self.bucket_mb, self.comm_hook = settings.ddp_bucket_mb, settings.ddp_comm_hook
+        self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
+        self.reshard_after_forward = settings.fsdp_reshard_after_forward
+        if self.is_main and self.compile_ddp is None and settings.compile_ddp != "split":
             print("note: --compile-ddp only acts with --compile; ignored", file=sys.stderr)
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         self.gradient_numel = 0

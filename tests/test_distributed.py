@@ -66,7 +66,10 @@ def test_rank_outside_world_is_rejected():
 
 # ---------------------------------------------------------------- without torchrun
 def settings(**changes):
-    base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False)
+    """The RunSettings fields the distributed code reads (data-parallel knobs at their defaults)."""
+    base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
+                **{name: distributed.DEFAULTS[name]
+                   for name in {**distributed.DDP_KNOBS, **distributed.FSDP_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
 
 
