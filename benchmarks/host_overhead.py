@@ -113,10 +113,11 @@ def main(argv=None) -> int:
     from version3_triton import triton_kernels as tk
     import triton
 
-    rows = [{"call": name, "host_us": host_us(fn)} for name, fn in cases(tk)]
+    calls = cases(tk)
+    rows = [{"call": name, "host_us": host_us(fn)} for name, fn in calls]
     fast = tk.FAST_LAUNCH
     tk.FAST_LAUNCH = False  # version 3 again, through Triton's normal launch path
-    for row, (name, fn) in zip(rows, cases(tk)):
+    for row, (name, fn) in zip(rows, calls):
         row["normal_launch_us"] = host_us(fn) if name.startswith("v3") else None
     tk.FAST_LAUNCH = fast
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         normal = f"{row['normal_launch_us']:17.1f}" if row["normal_launch_us"] else f"{'':17s}"
         print(f"  {row['call']:42s} {row['host_us']:8.1f} {normal}")
     if args.cprofile:
-        for name, fn in cases(tk):
+        for name, fn in calls:
             if "fwd+bwd (autograd)" in name:
                 print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
                 print(profile_text(fn, args.cprofile))

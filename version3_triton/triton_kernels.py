@@ -373,16 +373,13 @@ def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, *
     knobs also work in a running Python session."""
     forced = FORCED_CONFIGS.get(kernel) or os.environ.get(_ENV_NAMES[kernel])
     cache_key = (kernel, key, AUTOTUNE, str(forced) if forced else None)
-    launch = _CHOSEN.get(cache_key)
+    launch, launched = _CHOSEN.get(cache_key), False
     if launch is None:
         config, how, launched = _choose(kernel, key, grid, args, meta, width, elem_bytes)
-        config = {k: v for k, v in config.items() if k not in meta}  # autotune returns meta too
         launch = _CHOSEN[cache_key] = _Launch(kernel, config, f"{how}: " + _describe(config), meta)
-        _LAST_CONFIG[kernel] = launch.description
-        if launched:
-            return
     _LAST_CONFIG[kernel] = launch.description
-    launch(grid(launch.config), args)
+    if not launched:  # autotuning already ran the kernel
+        launch(grid(launch.config), args)
 
 
 # =============================================================================

@@ -9,7 +9,6 @@
 #   host       benchmarks/host_overhead.py --cprofile 30: host microseconds per call of a raw
 #              Triton launch, V3's launchers/autograd functions, F.rms_norm and SDPA
 #   normcfg    version3_triton/bench_kernels.py --kernels rmsnorm with a few forced RMSNorm configs
-#   capture    capture V3's RMSNorm forward+backward in a CUDA graph, with the full traceback
 #   v4profile  V4 medium compiled, PyTorch profiler over 3 steps: kernel table by category
 #   v4modes    V4 medium bf16 compiled: reduce-overhead (CUDA graphs) and each SDPA backend
 #   v3profile  V3 medium eager, PyTorch profiler: where the host time goes
@@ -24,7 +23,7 @@ WARMUP=${WARMUP:-10}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT_DIR"
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -gt 0 ] || read -r -a SECTIONS <<< "${DIAGNOSE:-host normcfg capture v4profile v4modes v3profile}"
+[ ${#SECTIONS[@]} -gt 0 ] || read -r -a SECTIONS <<< "${DIAGNOSE:-host normcfg v4profile v4modes v3profile}"
 wants() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
 start=$SECONDS
 failed=0
@@ -48,38 +47,6 @@ if wants normcfg; then  # RMSNorm launch configurations other than the rule's (b
             > "$OUT_DIR/normcfg.log" 2>&1 || failed=1
         echo "  ${cfg:-rule}:"; grep -E "triton |rmsnorm_(fwd|bwd) " "$OUT_DIR/normcfg.log" | head -n 4
     done
-fi
-
-if wants capture; then
-    say capture
-    $PY - > "$OUT_DIR/capture.log" 2>&1 <<'EOF' || failed=1
-import traceback, torch
-from version3_triton import triton_kernels as tk
-x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-w = torch.ones(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-gy = torch.randn_like(x)
-step = lambda: torch.autograd.grad(tk.rms_norm(x, w), (x, w), gy)
-side = torch.cuda.Stream()
-side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):
-    for _ in range(3):
-        step()
-torch.cuda.current_stream().wait_stream(side)
-torch.cuda.synchronize()
-for what, fn in [("forward", lambda: tk.rms_norm(x.detach(), w.detach())),
-                 ("backward launcher", lambda: tk.rmsnorm_backward(gy, x.detach(), w.detach(),
-                                                                  tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)[1])),
-                 ("fwd+bwd autograd", step)]:
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay(); torch.cuda.synchronize()
-        print(what, "captured OK")
-    except Exception:
-        print(what, "FAILED"); traceback.print_exc(); torch.cuda.synchronize()
-EOF
-    cat "$OUT_DIR/capture.log" | tail -n 40
 fi
 
 train() {  # name, version, extra args...
