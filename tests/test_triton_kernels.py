@@ -384,6 +384,35 @@ def test_gpu_fast_launch_matches_the_normal_launch(monkeypatch):
     assert tk.FAST_LAUNCH, "the fast launch was switched off (calling convention not recognised)"
 
 
+@gpu
+def test_gpu_inductor_launches_the_kernels_itself():
+    """With triton_op, torch.compile (Inductor) traces into the operators: its
+    generated code launches our Triton kernels directly (no call back into the
+    tinyllama_v3 operators) and computes what eager mode computes."""
+    if not tk._USE_TRITON_OP:
+        pytest.skip(f"torch {torch.__version__} has no torch.library.triton_op")
+    from torch._inductor.utils import run_and_get_code
+
+    (q, k, v), grad = attention_inputs(2, 4, 2, 130, 64)
+    w = torch.randn(64, device=DEVICE)
+
+    def block(q, k, v, w):
+        return tk.flash_attention(tk.rms_norm(q, w, 1e-5, torch.bfloat16), k, v)
+
+    inputs = [t.to(torch.bfloat16) for t in (q, k, v)] + [w]
+    want = forward_backward(block, inputs, grad.to(torch.bfloat16))
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    got, codes = run_and_get_code(forward_backward, compiled, inputs, grad.to(torch.bfloat16))
+    code = "\n".join(codes)
+    for kernel in ("_rmsnorm_fwd_kernel", "_attn_fwd_kernel", "_rmsnorm_bwd_kernel",
+                   "_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"):
+        assert kernel in code, f"{kernel} is not launched by Inductor's code"
+    assert "torch.ops.tinyllama_v3" not in code, "the compiled code calls back into Python"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     """The kernel benchmark's smoke mode (interpreter on a CPU, tiny shapes on a GPU)
     writes every timing column, including the host-overhead ones."""

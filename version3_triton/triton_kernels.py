@@ -371,6 +371,9 @@ def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, *
     key: what the choice depends on (sizes, dtypes); forced configurations and
     the AUTOTUNE switch are looked up on every call (cheap), so the exercise
     knobs also work in a running Python session."""
+    if _INSIDE_OPERATOR and _wrap_triton_enabled():  # torch.compile is tracing: see section 4
+        _launch_for_inductor(kernel, grid, args, meta, width, elem_bytes)
+        return
     forced = FORCED_CONFIGS.get(kernel) or os.environ.get(_ENV_NAMES[kernel])
     cache_key = (kernel, key, AUTOTUNE, str(forced) if forced else None)
     launch, launched = _CHOSEN.get(cache_key), False
@@ -892,17 +895,75 @@ _KERNELS = {"rmsnorm_fwd": _rmsnorm_fwd_kernel, "rmsnorm_bwd": _rmsnorm_bwd_kern
 # =============================================================================
 # 4. The PyTorch side: custom operators + autograd
 # =============================================================================
-# torch.library.custom_op turns each launcher into a named operator
-# (torch.ops.tinyllama_v3.*). torch.compile then treats it as one opaque node
-# (using the "fake" function to learn output shapes without running it), and
-# FlopCounterMode can count it with the formula registered below.
-# But an operator call costs host time (dispatcher, schema checks: ~10-20 us),
-# paid for every kernel of every layer. So the autograd.Functions call the
+# torch.library turns each launcher into a named operator
+# (torch.ops.tinyllama_v3.*) that torch.compile and FlopCounterMode can see.
+# Two flavours:
+# - torch.library.triton_op (torch >= 2.6, on a GPU): torch.compile traces the
+#   operator's body and finds our kernels in it (the launches go through
+#   torch.library.wrap_triton), so Inductor launches them itself from its
+#   generated code - no Python per call, and CUDA graphs can capture them. It
+#   autotunes the attention candidates while it compiles.
+# - torch.library.custom_op otherwise (older torch, Triton's CPU interpreter):
+#   one opaque node; the compiled code calls back into Python for every kernel.
+# Either way an operator call costs host time (dispatcher, schema checks: ~10-20
+# us), paid for every kernel of every layer. So the autograd.Functions call the
 # plain Python launchers in ordinary eager runs and go through the operators
 # only when someone is watching: while torch.compile traces, or while a
 # dispatch mode (FlopCounterMode, fake tensors, ...) is active. On torch older
 # than 2.4 (no custom_op) the plain launchers are always used.
 _HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+try:  # is a triton_op body being traced (True) or run on real tensors (False)?
+    from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
+except ImportError:
+    def _wrap_triton_enabled() -> bool:
+        return False
+_USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+                  and not INTERPRET)  # wrap_triton cannot run interpreted kernels
+_INSIDE_OPERATOR = False  # True while an operator's body runs (see _operator_body)
+_INDUCTOR_RUNNERS: dict[tuple, object] = {}  # (kernel, its candidate configs) -> triton.autotune
+
+
+def _launch_for_inductor(kernel: str, grid, args: tuple, meta: dict, width: int,
+                         elem_bytes: int) -> None:
+    """The launch as torch.compile records it: the kernel and its candidate configs
+    (forced, by rule, or those the eager path would autotune) go to wrap_triton;
+    Inductor times the candidates once, at compile time, and launches the winner."""
+    forced = forced_config(kernel)
+    if forced is not None:
+        configs, how = [check_config(kernel, forced, width, elem_bytes)], "forced"
+    elif kernel.startswith("rmsnorm"):
+        configs, how = [rmsnorm_config(kernel, width)], "rule"
+    else:
+        configs = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
+                                  _shared_memory_limit())[:None if AUTOTUNE else 1]
+        how = "autotuned by torch.compile" if len(configs) > 1 else "first candidate"
+    # AMD's compiler options (waves_per_eu, ...) are not kernel arguments that
+    # Inductor knows how to pass on: keep the block sizes, warps and stages.
+    configs = [{k: v for k, v in _usable_here(c).items() if k not in ("waves_per_eu",
+                                                                       "matrix_instr_nonkdim")}
+               for c in configs]
+    runner_key = (kernel, tuple(_describe(c) for c in configs))
+    runner = _INDUCTOR_RUNNERS.get(runner_key)
+    if runner is None:
+        runner = _INDUCTOR_RUNNERS[runner_key] = triton.autotune(
+            configs=[_triton_config(c) for c in configs], key=[])(_KERNELS[kernel])
+    _LAST_CONFIG[kernel] = f"{how}: " + (_describe(configs[0]) if len(configs) == 1
+                                        else f"{len(configs)} candidates")
+    torch.library.wrap_triton(runner)[grid](*args, **meta)
+
+
+def _operator_body(launcher):
+    """The launcher, marked as running inside an operator (so that, while
+    torch.compile traces it, its launches go through wrap_triton)."""
+    @functools.wraps(launcher)
+    def body(*args, **kwargs):
+        global _INSIDE_OPERATOR
+        outer, _INSIDE_OPERATOR = _INSIDE_OPERATOR, True
+        try:
+            return launcher(*args, **kwargs)
+        finally:
+            _INSIDE_OPERATOR = outer
+    return body
 
 
 def _register_ops():
@@ -911,6 +972,9 @@ def _register_ops():
         return getattr(torch.ops, lib)  # already registered (module imported twice)
 
     def define(name, fn, fake):
+        if _USE_TRITON_OP:  # its fake is the body itself, run on fake tensors
+            torch.library.triton_op(f"{lib}::{name}", mutates_args=())(_operator_body(fn))
+            return
         op = torch.library.custom_op(f"{lib}::{name}", mutates_args=())(fn)
         op.register_fake(fake)
 
