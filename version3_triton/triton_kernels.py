@@ -394,6 +394,7 @@ def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, *
 @triton.jit
 def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: stay in fp32
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_COLS)[None, :]  # (1, BLOCK_COLS): the same 2D layout as x
     # Masks cover the ragged edges: hidden sizes that are not a power of two
@@ -608,6 +609,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                      num_heads, N_CTX, qk_scale,
                      GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when torch.compile launches us (see RMSNorm)
     # Causal: the last query blocks see the most keys. Handing out the
     # blocks last-first starts the long programs early and shortens the tail.
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -691,6 +693,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
                           GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           DOT_PRECISION: tl.constexpr):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
     start_n = tl.program_id(0)  # low key blocks see the most queries and run first
     pid_bkv = tl.program_id(1)
     b = (pid_bkv // num_kv_heads).to(tl.int64)
@@ -756,6 +759,7 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
                         num_heads, N_CTX, sm_scale, qk_scale,
                         GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first, as in the forward
     pid_bh = tl.program_id(1)
     b = (pid_bh // num_heads).to(tl.int64)
