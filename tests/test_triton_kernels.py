@@ -111,6 +111,49 @@ def test_flash_attention_takes_strided_views_and_writes_bthd_memory():
     assert got[0].transpose(1, 2).is_contiguous()
 
 
+ROPE_SHAPES = [(1, 1, 1, 2), (2, 17, 3, 32), (1, 7, 6, 64), (2, 5, 4, 96)]  # (B, T, heads, D)
+
+
+def rope_reference(x, cos, sin):
+    """Version 1's apply_rope (half tables, (B, heads, T, D)) on (B, T, heads, D)."""
+    from version1_baseline.tiny_llama_v1 import apply_rope
+    T, half = x.shape[1], x.shape[-1] // 2
+    return apply_rope(x.transpose(1, 2), cos[:T, :half], sin[:T, :half]).transpose(1, 2)
+
+
+def rope_inputs(B, T, H, D, extra_rows=3):
+    from version1_baseline.tiny_llama_v1 import rope_tables
+    g = torch.Generator().manual_seed(T * 7 + D)
+    cos, sin = rope_tables(D, T + extra_rows, 10000.0)  # tables longer than the sequence
+    cos, sin = torch.cat((cos, cos), -1).to(DEVICE), torch.cat((sin, sin), -1).to(DEVICE)
+    return torch.randn(B, T, H, D, generator=g).to(DEVICE), cos, sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=lambda s: "b{}-t{}-h{}-d{}".format(*s))
+def test_rope_forward_and_backward_match_fp64(shape, dtype):
+    x, cos, sin = rope_inputs(*shape)
+    grad = torch.randn_like(x)
+    got = forward_backward(lambda t: tk.rope(t, cos, sin), [x], grad, dtype)
+    want = forward_backward(lambda t: rope_reference(t, cos.double(), sin.double()), [x], grad,
+                            torch.float64)
+    assert_matches(got, want, TOLERANCE[dtype], ["out", "dx"])
+
+
+def test_rope_takes_the_q_and_k_heads_of_the_qkv_output():
+    """The model hands over a slice of the QKV GEMM's output (heads not contiguous
+    across positions); q and k come back rotated, v is not touched."""
+    B, T, H, D = 2, 9, 4, 32
+    x, cos, sin = rope_inputs(B, T, 3 * H, D)
+    qk = x[:, :, :2 * H]
+    got = forward_backward(lambda t: tk.rope(t, cos, sin), [qk], torch.ones_like(qk))
+    want = forward_backward(lambda t: rope_reference(t, cos.double(), sin.double()), [qk],
+                            torch.ones_like(qk), torch.float64)
+    assert_matches(got, want, TOLERANCE[torch.float32], ["out", "dx"])
+    with pytest.raises(ValueError, match="rope wants"):
+        tk.rope_forward(x[..., :D - 1], cos, sin)
+
+
 NORM_SHAPES = [(1, 1), (3, 37), (7, 100), (2, 5, 64)]  # rows not a multiple of the block
 
 
@@ -146,7 +189,7 @@ def test_rms_norm_can_write_the_autocast_dtype():
 # ---- launch configurations: the exercise knob, AMD's LDS budget -------------------
 SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BLOCK_M=32, BLOCK_N=16),
                 "attn_bwd_dkdv": dict(BLOCK_M=16, BLOCK_N=32), "rmsnorm_fwd": dict(BLOCK_ROWS=4),
-                "rmsnorm_bwd": dict(BLOCK_ROWS=1)}
+                "rmsnorm_bwd": dict(BLOCK_ROWS=1), "rope": dict(num_warps=1)}
 
 
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
@@ -162,7 +205,13 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     got = forward_backward(tk.rms_norm, [x, w], torch.ones_like(x))
     assert_matches(got, forward_backward(rms_norm_reference, [x, w], torch.ones_like(x),
                                          torch.float64), 2e-5, ["y", "dx", "dweight"])
+    x, cos, sin = rope_inputs(2, 5, 3, 16)
+    got = forward_backward(lambda t: tk.rope(t, cos, sin), [x], torch.ones_like(x))
+    assert_matches(got, forward_backward(lambda t: rope_reference(t, cos.double(), sin.double()),
+                                         [x], torch.ones_like(x), torch.float64), 2e-5,
+                   ["out", "dx"])
     chosen = tk.chosen_configs()
+    assert chosen["rope"].startswith("forced: num_warps=1")
     assert chosen["attn_fwd"].startswith("forced: BLOCK_M=32, BLOCK_N=16, num_warps=4")
     assert chosen["attn_bwd_dkdv"].startswith("forced: BLOCK_M=16, BLOCK_N=32")
     assert chosen["rmsnorm_fwd"].startswith("forced: BLOCK_ROWS=4")
@@ -425,4 +474,4 @@ def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     for row in result["rmsnorm"] + result["attention"]:
         assert {"fwd_bwd_extra_ms", "fwd_bwd_host_ms", "fwd_bwd_graph_ms",
                 "fwd_bwd_graph_error"} <= row.keys()
-    assert set(result["kernel_configs"]) == set(tk.KERNEL_NAMES)
+    assert set(tk.KERNEL_NAMES) - {"rope"} <= set(result["kernel_configs"])  # RoPE: not benched

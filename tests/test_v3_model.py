@@ -87,6 +87,8 @@ def test_fp32_logits_and_every_gradient_match_v1(batch, seq, heads, kv_heads, he
 
 
 @pytest.mark.parametrize("options", [{"triton_attention": False}, {"triton_rmsnorm": False},
+                                     {"triton_rope": False},
+                                     {"triton_attention": False, "triton_rmsnorm": False},
                                      {"fused_qkv": False, "fused_gate_up": False}],
                          ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_every_switch_keeps_the_maths(options):
@@ -144,7 +146,7 @@ def test_loss_curve_follows_v1_and_gradient_guard_passes(tmp_path):
     assert v1_losses[-1] < v1_losses[0] - 0.3  # it learns
     diff = (torch.tensor(v3["losses"]) - v1_losses).abs().max().item()
     assert diff < 2e-3, f"V3's loss curve differs from V1's by {diff:.2e}"
-    assert v3["options"]["triton_rmsnorm"] and v3["options"]["triton_attention"]
+    assert all(v3["options"][k] for k in ("triton_rmsnorm", "triton_attention", "triton_rope"))
     forced = v3["options"]["kernel_configs"]
     assert list(forced) == ["attn_fwd"] and forced["attn_fwd"]["BLOCK_M"] == 32
     assert forced["attn_fwd"]["BLOCK_N"] == 16 and "num_warps" in forced["attn_fwd"]

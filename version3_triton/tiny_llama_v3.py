@@ -1,7 +1,7 @@
 """Version 3: V2's fused model with hand-written Triton kernels.
 
-Two operations of V2 are replaced by our own kernels (triton_kernels.py), each
-with a forward AND a backward kernel:
+Three operations of V2 are replaced by our own kernels (triton_kernels.py),
+each with a forward AND a backward kernel:
 
 1. RMSNorm: one read of x and one write of y per element, the row statistic
    kept for the backward. Under autocast the kernel writes bf16/fp16 directly -
@@ -12,11 +12,15 @@ with a forward AND a backward kernel:
    tile in on-chip memory with an online softmax, skips the tiles above the
    causal diagonal, reads each k/v head once for its whole GQA group, and
    recomputes the scores in the backward instead of storing them.
+3. RoPE: V2 rotates q and k with eight small PyTorch operations each; one
+   kernel rotates both (their heads are neighbours in the QKV GEMM's output)
+   with one read and one write. Without --compile that is ~400 fewer kernel
+   launches per step of the medium preset.
 
 The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
-Switches (--no-triton-rmsnorm, --no-triton-attention, and V2's fusion flags)
+Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope, V2's fusion flags)
 measure each piece alone. Block sizes of the kernels can be forced for an
 exercise, e.g. V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the
 top of triton_kernels.py; the results JSON records any forced configuration.
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
 import harness  # noqa: E402
@@ -67,10 +72,29 @@ class TritonRMSNorm(v2.PlainRMSNorm):
 
 
 class TritonAttention(v2.Attention):
-    """V2's attention (one QKV GEMM, RoPE) with the Triton flash-attention kernel as its core."""
+    """V2's attention (one QKV GEMM) with Triton kernels for RoPE and/or its core."""
+
+    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, flash: bool = True,
+                 rope: bool = True):
+        super().__init__(cfg, fusions)
+        self.flash = flash
+        self.triton_rope = rope and fusions.fused_qkv  # it rotates q and k of the one GEMM
+
+    def forward(self, x, cos, sin):
+        if not self.triton_rope:
+            return super().forward(x, cos, sin)
+        B, T, _ = x.shape
+        H, H_kv = self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
+        qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
+        # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies.
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+        v = qkv[:, :, H + H_kv:].transpose(1, 2)
+        out = self.attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q, k, v):
-        return tk.flash_attention(q, k, v)
+        return tk.flash_attention(q, k, v) if self.flash else super().attend(q, k, v)
 
 
 def use_triton_norms(model: nn.Module) -> None:
@@ -82,15 +106,22 @@ def use_triton_norms(model: nn.Module) -> None:
 
 
 def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
-                kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
+                triton_rope: bool = True, kernel_configs: dict | None = None,
+                **fusion_flags) -> nn.Module:
     """kernel_configs is only recorded (forced launch configurations); it changes nothing."""
-    if triton_rmsnorm or triton_attention:
+    any_kernel = triton_rmsnorm or triton_attention or triton_rope
+    if any_kernel:
         require_triton()
-    attention = TritonAttention if triton_attention else v2.Attention
+
+    def attention(cfg, fusions):
+        if triton_attention or triton_rope:
+            return TritonAttention(cfg, fusions, flash=triton_attention, rope=triton_rope)
+        return v2.Attention(cfg, fusions)
+
     model = v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
     if triton_rmsnorm:
         use_triton_norms(model)
-    if tk.INTERPRET and (triton_rmsnorm or triton_attention):  # the harness adds these to the results
+    if tk.INTERPRET and any_kernel:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]
     return model
@@ -100,7 +131,8 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
 def add_arguments(group) -> None:
     v2.add_fusion_arguments(group)
     for name, what in (("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels"),
-                       ("triton_attention", "flash attention forward/backward as Triton kernels")):
+                       ("triton_attention", "flash attention forward/backward as Triton kernels"),
+                       ("triton_rope", "RoPE of q and k as one Triton kernel each way")):
         flag = name.replace("_", "-")
         group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
                            help=f"{what}; --no-{flag} falls back to V2's version")
@@ -126,7 +158,7 @@ def forced_configs(args) -> dict:
 def model_options(args) -> dict:
     """V2's fusion switches, V3's kernel switches and any forced kernel launch configs."""
     forced = {}
-    if args.triton_rmsnorm or args.triton_attention:
+    if args.triton_rmsnorm or args.triton_attention or args.triton_rope:
         require_triton()
         on_cpu = resolve_device(args.device).type == "cpu"
         if on_cpu and not tk.INTERPRET:
@@ -140,7 +172,8 @@ def model_options(args) -> dict:
         except ValueError as e:
             raise UsageError(str(e)) from None
     return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
-            "triton_attention": args.triton_attention, "kernel_configs": forced}
+            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
+            "kernel_configs": forced}
 
 
 def main(argv=None) -> int:

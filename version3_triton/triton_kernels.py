@@ -7,9 +7,11 @@ Read it in this order:
   2. RMSNorm - a memory-bound row reduction: one read, one write, maths in fp32.
   3. Flash attention - tiling plus the "online softmax", so the (T x T) score
      matrix never exists in memory; the backward recomputes it tile by tile.
-  4. The PyTorch side - autograd.Functions whose forward/backward launch the
-     kernels; registered with `torch.library.custom_op` too, so torch.compile
-     and FlopCounterMode see one named operator instead of opaque Python.
+  4. Rotary embedding (RoPE) - purely elementwise: one kernel rotates q and
+     k together instead of the eight PyTorch operations of version 2.
+  5. The PyTorch side - autograd.Functions whose forward/backward launch the
+     kernels; registered with `torch.library` too, so torch.compile and
+     FlopCounterMode see named operators instead of opaque Python.
 
 Why fp32 accumulation everywhere: bf16 keeps 8 bits of mantissa, so a sum of
 1024 squares (RMSNorm) or a softmax denominator over 2048 keys loses the small
@@ -26,7 +28,7 @@ environment variable before the run, e.g.
         python version3_triton/tiny_llama_v3.py --preset medium
 
 or, from Python, `triton_kernels.FORCED_CONFIGS["attn_fwd"] = dict(BLOCK_M=64, ...)`.
-Kernel names: rmsnorm_fwd, rmsnorm_bwd, attn_fwd, attn_bwd_dkdv, attn_bwd_dq.
+Kernel names: rmsnorm_fwd, rmsnorm_bwd, rope, attn_fwd, attn_bwd_dkdv, attn_bwd_dq.
 `chosen_configs()` tells which configuration each kernel ran with last.
 V3_AUTOTUNE=0 skips autotuning: each kernel takes its first candidate that fits
 (quick start-up, e.g. for tests; not the fastest).
@@ -117,13 +119,22 @@ ATTN_BWD_DQ_CONFIGS = {  # BLOCK_M = query rows per program, BLOCK_N = keys per 
 }
 KERNEL_CONFIGS = {"attn_fwd": ATTN_FWD_CONFIGS, "attn_bwd_dkdv": ATTN_BWD_DKDV_CONFIGS,
                   "attn_bwd_dq": ATTN_BWD_DQ_CONFIGS}  # the autotuned kernels
-# RMSNorm is not autotuned: it is memory-bound and the rule of the Triton
-# layer-norm tutorial (a whole row per program, ~8 elements per thread) is
-# already close to the copy bandwidth. See rmsnorm_config().
-KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", *KERNEL_CONFIGS)
+# RMSNorm and RoPE are not autotuned: they are memory-bound and the rule of the
+# Triton layer-norm tutorial (a whole row per program, ~8 elements per thread)
+# is already close to the copy bandwidth. See rule_config().
+KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", *KERNEL_CONFIGS)
 FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over autotuning
 AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
+
+
+def rule_config(kernel: str, width: int) -> dict | None:
+    """The launch configuration of a kernel chosen by rule (None: autotuned)."""
+    if kernel.startswith("rmsnorm"):
+        return rmsnorm_config(kernel, width)
+    if kernel == "rope":  # one position's heads per program: a few KiB, 4 warps
+        return dict(num_warps=4, num_stages=1)
+    return None
 
 
 def rmsnorm_config(kernel: str, n_cols: int) -> dict:
@@ -347,15 +358,15 @@ def chosen_configs() -> dict[str, str]:
 
 
 def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: int):
-    """Pick the launch kwargs for `kernel`: forced, by rule (RMSNorm), the first
+    """Pick the launch kwargs for `kernel`: forced, by rule (RMSNorm, RoPE), the first
     fitting candidate (AUTOTUNE off) or autotuned - which launches the kernel once
     per candidate, so the caller must not launch it again. Returns (kwargs, how,
     launched)."""
     forced = forced_config(kernel)
     if forced is not None:
         return check_config(kernel, forced, width, elem_bytes), "forced", False
-    if kernel.startswith("rmsnorm"):
-        return rmsnorm_config(kernel, width), "rule", False
+    if rule_config(kernel, width) is not None:
+        return rule_config(kernel, width), "rule", False
     candidates = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
                                  _shared_memory_limit())
     if not AUTOTUNE or len(candidates) == 1:
@@ -371,7 +382,7 @@ def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, *
     key: what the choice depends on (sizes, dtypes); forced configurations and
     the AUTOTUNE switch are looked up on every call (cheap), so the exercise
     knobs also work in a running Python session."""
-    if _INSIDE_OPERATOR and _wrap_triton_enabled():  # torch.compile is tracing: see section 4
+    if _INSIDE_OPERATOR and _wrap_triton_enabled():  # torch.compile is tracing: see section 5
         _launch_for_inductor(kernel, grid, args, meta, width, elem_bytes)
         return
     forced = FORCED_CONFIGS.get(kernel) or os.environ.get(_ENV_NAMES[kernel])
@@ -891,13 +902,70 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     return dq, dk, dv
 
 
+# =============================================================================
+# 4. Rotary embedding (RoPE), forward and backward
+# =============================================================================
+# RoPE rotates each pair of channels (i, i + D/2) of q and k by an angle that
+# depends on the position t:   y1 = x1*cos - x2*sin,   y2 = x2*cos + x1*sin.
+# Version 2 writes that as x.float(), a slice, a negation, a cat, two multiplies,
+# an add and a cast - eight kernels, each reading and writing the whole tensor,
+# for q and again for k. Here one program loads a position's heads once, rotates
+# them in fp32 registers and stores them once, and q and k go through together:
+# in the QKV GEMM's output their heads sit side by side.
+# Backward: a rotation is linear and its inverse is the rotation by -angle, so
+# the gradient is the same kernel with sin negated (INVERSE).
+@triton.jit
+def _rope_kernel(X, COS, SIN, Y, seq_len, n_heads, stride_xb, stride_xt, stride_xh,
+                 stride_yb, stride_yt, stride_yh, stride_table,
+                 INVERSE: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr):
+    pid = tl.program_id(0)  # one (batch, position) per program
+    b, t = (pid // seq_len).to(tl.int64), pid % seq_len
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    cols = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < n_heads) & (cols < HALF)
+    # The tables are full width (cos, cos) as in version 2: read the first half.
+    cos = tl.load(COS + t * stride_table + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(SIN + t * stride_table + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+    if INVERSE:
+        sin = -sin
+    x = X + b * stride_xb + t * stride_xt + heads * stride_xh + cols
+    x1 = tl.load(x, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x + HALF, mask=mask, other=0.0).to(tl.float32)
+    y = Y + b * stride_yb + t * stride_yt + heads * stride_yh + cols
+    tl.store(y, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
+    tl.store(y + HALF, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=mask)
+
+
+def rope_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 inverse: bool = False) -> torch.Tensor:
+    """Rotate x (B, T, heads, head_dim; any strides, last dim contiguous) by the
+    tables cos/sin (>= T rows, full width). Returns a new contiguous tensor;
+    inverse=True rotates backwards (the gradient)."""
+    _check_device(x)
+    B, T, H, D = x.shape
+    if D % 2 or cos.shape[0] < T or cos.shape[-1] != D:
+        raise ValueError(f"rope wants x (B, T, heads, even head_dim) and tables (>= T, head_dim); "
+                         f"got {tuple(x.shape)} and {tuple(cos.shape)}")
+    y = _empty((B, T, H, D), x.dtype, x.device)
+    if y.numel() == 0:
+        return y
+    x = _last_dim_contiguous(x)
+    # The key fixes every meta-parameter below: the launch is cached per key.
+    _launch("rope", lambda c: (B * T,), (H, D, inverse), x, cos, sin, y, T, H, *x.stride()[:3],
+            *y.stride()[:3], cos.stride(0), width=D, elem_bytes=x.element_size(),
+            INVERSE=inverse, HALF=D // 2, BLOCK_H=_next_power_of_2(H),
+            BLOCK_HALF=_next_power_of_2(D // 2))
+    return y
+
+
 _KERNELS = {"rmsnorm_fwd": _rmsnorm_fwd_kernel, "rmsnorm_bwd": _rmsnorm_bwd_kernel,
-            "attn_fwd": _attn_fwd_kernel, "attn_bwd_dkdv": _attn_bwd_dkdv_kernel,
-            "attn_bwd_dq": _attn_bwd_dq_kernel}
+            "rope": _rope_kernel, "attn_fwd": _attn_fwd_kernel,
+            "attn_bwd_dkdv": _attn_bwd_dkdv_kernel, "attn_bwd_dq": _attn_bwd_dq_kernel}
 
 
 # =============================================================================
-# 4. The PyTorch side: custom operators + autograd
+# 5. The PyTorch side: custom operators + autograd
 # =============================================================================
 # torch.library turns each launcher into a named operator
 # (torch.ops.tinyllama_v3.*) that torch.compile and FlopCounterMode can see.
@@ -935,8 +1003,8 @@ def _launch_for_inductor(kernel: str, grid, args: tuple, meta: dict, width: int,
     forced = forced_config(kernel)
     if forced is not None:
         configs, how = [check_config(kernel, forced, width, elem_bytes)], "forced"
-    elif kernel.startswith("rmsnorm"):
-        configs, how = [rmsnorm_config(kernel, width)], "rule"
+    elif rule_config(kernel, width) is not None:
+        configs, how = [rule_config(kernel, width)], "rule"
     else:
         configs = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
                                   _shared_memory_limit())[:None if AUTOTUNE else 1]
@@ -987,6 +1055,8 @@ def _register_ops():
     define("rmsnorm_backward", rmsnorm_backward,
            lambda grad_y, x, weight, rstd: (_empty(x.shape, x.dtype, x.device),
                                             _empty(weight.shape, weight.dtype, weight.device)))
+    define("rope", rope_forward,
+           lambda x, cos, sin, inverse=False: _empty(x.shape, x.dtype, x.device))
     define("attention_forward", attention_forward,
            lambda q, k, v, sm_scale: _attention_outputs(q))
     define("attention_backward", attention_backward,
@@ -1043,6 +1113,22 @@ class TritonRMSNorm(torch.autograd.Function):
         return dx, dw, None, None
 
 
+class TritonRoPE(torch.autograd.Function):
+    """Rotary embedding of (B, T, heads, head_dim); backward = the inverse rotation."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        rope = _ops.rope if _through_ops() else rope_forward
+        ctx.save_for_backward(cos, sin)
+        return rope(x, cos, sin, False)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        cos, sin = ctx.saved_tensors
+        rope = _ops.rope if _through_ops() else rope_forward
+        return rope(grad_y, cos, sin, True), None, None
+
+
 class FlashAttention(torch.autograd.Function):
     """Causal softmax(Q K^T * scale) V with the Triton kernels; saves only O and LSE."""
 
@@ -1066,6 +1152,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm over the last dimension (Triton forward + backward)."""
     return TritonRMSNorm.apply(x, weight, eps, out_dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Triton forward + backward). x: (B, T, heads, head_dim);
+    cos, sin: (>= T, head_dim) tables as version 2 builds them. Same maths as
+    version 1's apply_rope (in fp32, result in x's dtype), on the other layout."""
+    return TritonRoPE.apply(x, cos, sin)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
