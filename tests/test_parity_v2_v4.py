@@ -193,6 +193,19 @@ def test_compare_versions_rejects_unknown_names(capsys):
     assert "--versions: unknown v9 (choose from v1, v2, v3, v4, hf)" in capsys.readouterr().err
 
 
+def test_v4_variants_keep_the_maths(tmp_path):
+    """benchmarks/v4_variants.py: every patched variant trains to V4's own loss."""
+    losses = {}
+    for variant in ("base", "rope+ropehalf+swiglu"):
+        out = tmp_path / f"{variant}.json"
+        result = run_cli([str(REPO / "benchmarks" / "v4_variants.py"), variant, "--preset", "tiny",
+                          "--device", "cpu", "--num-steps", "3", "--warmup-steps", "1",
+                          "--quiet", "--output", str(out)])
+        assert result.returncode == 0, result.stderr
+        losses[variant] = json.loads(out.read_text())["losses"]
+    assert losses["base"] == pytest.approx(losses["rope+ropehalf+swiglu"], rel=1e-5)
+
+
 # ---- on a GPU (bash benchmarks/gpu/compare.sh runs these first) -----------------------
 @gpu
 def test_gpu_cuda_graphs_train_without_skips(tmp_path):

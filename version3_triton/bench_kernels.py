@@ -21,7 +21,10 @@ measures the host, not the GPU. Three extra numbers per forward+backward show
 it: "graph ms" replays the same work from a CUDA/HIP graph (GPU time alone; if
 capture fails, the JSON says why), "host ms" is the Python + launch time of one
 call, and "extra ms" = f+b - fwd - bwd (host work the GPU waits for; ~0 when
-the kernels dominate). On a CPU (--quick, the Triton interpreter) the numbers
+the kernels dominate). The targets are checked both ways: do_bench (what one
+isolated call costs, host included) and graph replay (kernel time against
+kernel time - what a training step sees once launches overlap the GPU's work).
+On a CPU (--quick, the Triton interpreter) the numbers
 are wall-clock medians and only prove it runs. The launch configurations each
 kernel ran with (autotuned, forced or by rule) are printed and saved.
 """
@@ -230,6 +233,8 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
                      "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
     ours, theirs = rows
     ours["sdpa_time_over_ours"] = theirs["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+    if ours["fwd_bwd_graph_ms"] and theirs["fwd_bwd_graph_ms"]:  # GPU time alone, both sides
+        ours["sdpa_graph_time_over_ours"] = theirs["fwd_bwd_graph_ms"] / ours["fwd_bwd_graph_ms"]
     return rows
 
 
@@ -295,10 +300,11 @@ def check_targets(result: dict) -> list[dict]:
                                 "value": share, "passed": share >= goal})
     for r in result["attention"]:
         goal = TARGETS.get(tuple(r["dims"]))
-        if goal and "sdpa_time_over_ours" in r:
-            targets.append({"claim": f"attention {r['shape']} SDPA time / ours >= {goal}",
-                            "value": r["sdpa_time_over_ours"],
-                            "passed": r["sdpa_time_over_ours"] >= goal})
+        for how, key in (("do_bench", "sdpa_time_over_ours"),
+                         ("graph replay", "sdpa_graph_time_over_ours")):
+            if goal and key in r:
+                targets.append({"claim": f"attention {r['shape']} SDPA time / ours ({how}) >= {goal}",
+                                "value": r[key], "passed": r[key] >= goal})
     return targets
 
 
