@@ -43,12 +43,16 @@ DIFFS = {
          V2, ["Attention.attend"], V3, ["TritonAttention.attend"]),
         ("RMSNorm: torch's fused kernel -> our Triton kernel (writes the autocast dtype)",
          V2, ["RMSNorm.forward"], V3, ["TritonRMSNorm.forward"]),
+        ("RoPE: eight PyTorch operations for q and again for k -> one Triton kernel for both",
+         V2, ["Attention.forward", "apply_rope"], V3, ["TritonAttention.forward"]),
     ]),
     "v4": ("version4_sdpa/README.md", [
         ("Attention core: our Triton kernel -> PyTorch SDPA (the vendor's flash kernels)",
          V3, ["TritonAttention.attend"], V4, ["SDPAAttention.attend", "causal_sdpa"]),
         ("RMSNorm: back to V2's torch kernel (F.rms_norm)",
          V3, ["TritonRMSNorm.forward"], V2, ["RMSNorm.forward"]),
+        ("RoPE: back to V2's PyTorch operations (torch.compile fuses them)",
+         V3, ["TritonAttention.forward"], V2, ["Attention.forward", "apply_rope"]),
     ]),
 }
 
