@@ -370,6 +370,19 @@ def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_rope_low_precision_error_within_2x_pytorch(dtype):
+    x, cos, sin = rope_inputs(4, 300, 24, 64)
+    grad = torch.randn_like(x)
+    reference = forward_backward(lambda t: rope_reference(t, cos.double(), sin.double()), [x],
+                                 grad, torch.float64)
+    ours = pytorch_error(lambda t: tk.rope(t, cos, sin), [x], grad, dtype, reference)
+    theirs = pytorch_error(lambda t: rope_reference(t, cos, sin), [x], grad, dtype, reference)
+    for name, e_ours, e_theirs in zip(["y", "dx"], ours, theirs):
+        assert e_ours <= 2 * e_theirs + 1e-6, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
+
+
+@gpu
 @pytest.mark.parametrize("kernel", ["attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"])
 def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel):
     """Each autotuning candidate, forced in turn, on a ragged GQA shape in bf16."""
@@ -396,6 +409,10 @@ def test_gpu_repeated_runs_are_bit_identical():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
         norm_again = forward_backward(tk.rms_norm, [x, w], norm_grad, torch.bfloat16)
         assert all(torch.equal(a, b) for a, b in zip(norm_first, norm_again))
+    y, cos, sin = rope_inputs(4, 300, 24, 64)
+    rope_first = forward_backward(lambda t: tk.rope(t, cos, sin), [y], y, torch.bfloat16)
+    rope_again = forward_backward(lambda t: tk.rope(t, cos, sin), [y], y, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(rope_first, rope_again))
 
 
 def test_specialization_key_sees_what_triton_specialises_on():
