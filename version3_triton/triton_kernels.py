@@ -1009,8 +1009,9 @@ def _launch_for_inductor(kernel: str, grid, args: tuple, meta: dict, width: int,
         configs = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
                                   _shared_memory_limit())[:None if AUTOTUNE else 1]
         how = "autotuned by torch.compile" if len(configs) > 1 else "first candidate"
-    # AMD's compiler options (waves_per_eu, ...) are not kernel arguments that
-    # Inductor knows how to pass on: keep the block sizes, warps and stages.
+    # Inductor knows num_warps and num_stages; AMD's compiler options (waves_per_eu,
+    # ...) it would take for kernel arguments (not tried on an AMD GPU): keep block
+    # sizes, warps and stages only.
     configs = [{k: v for k, v in _usable_here(c).items() if k not in ("waves_per_eu",
                                                                        "matrix_instr_nonkdim")}
                for c in configs]

@@ -254,7 +254,7 @@ NB3 = [
     ("md", """\
 # 3 - Triton kernels: read, test, benchmark
 
-Version 3 replaces RMSNorm and attention by hand-written Triton kernels, each with a forward and a
+Version 3 replaces RMSNorm, RoPE and attention by hand-written Triton kernels, each with a forward and a
 backward (`version3_triton/triton_kernels.py`). On a CPU they run in Triton's interpreter: slow,
 but the same program, so everything except timing can be checked here.
 Exercises: `exercises/version3/`."""),
