@@ -55,6 +55,7 @@ class RunSettings:
     ddp_bucket_mb: float = 25.0          # data-parallel knobs: see harness/distributed.py
     ddp_comm_hook: str = "none"
     compile_ddp: str = "split"
+    ddp_static_graph: bool = False
     fsdp_reshard_after_forward: bool = True
     command: str = ""
     options: dict = field(default_factory=dict)
@@ -110,6 +111,10 @@ def build_parser(version: str, description: str, add_arguments=None,
                    help="--compile with DDP: split = one graph per gradient bucket so all-reduce "
                         "overlaps backward (torch._dynamo.config.optimize_ddp); whole = one "
                         "graph, all-reduce after backward")
+    t.add_argument("--ddp-static-graph", action="store_true",
+                   help="DDP: the same parameters get gradients in the same order every step, "
+                        "so DDP records the order once (static_graph=True) and skips its "
+                        "per-step bookkeeping")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
@@ -193,7 +198,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         measure_peak=args.measure_peak, output=args.output, quiet=args.quiet,
         log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
-        compile_ddp=args.compile_ddp,
+        compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
         command=" ".join(["python", sys.argv[0], *argv]))
 

@@ -53,7 +53,7 @@ COMM_HOOK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --ddp-comm
 # Knobs that only one wrapper reads, with their flags: asking for one that will not
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
-             "compile_ddp": "--compile-ddp"}
+             "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward"}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSettings)}
 BUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/N, as nccl-tests
@@ -164,6 +164,7 @@ class DataParallel(SingleProcess):
         self.kind = "fsdp2" if fully_shard else "ddp"
         self.grad_accum = settings.grad_accum
         self.bucket_mb, self.comm_hook = settings.ddp_bucket_mb, settings.ddp_comm_hook
+        self.static_graph = settings.ddp_static_graph
         self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
         self.reshard_after_forward = settings.fsdp_reshard_after_forward
         if self.is_main and self.compile_ddp is None and settings.compile_ddp != "split":
@@ -177,7 +178,8 @@ class DataParallel(SingleProcess):
             "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
             "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
             **({"bucket_cap_mb": self.bucket_mb, "comm_hook": self.comm_hook,
-                "compile_ddp": self.compile_ddp} if self.kind == "ddp" else
+                "compile_ddp": self.compile_ddp, "static_graph": self.static_graph}
+               if self.kind == "ddp" else
                {"reshard_after_forward": self.reshard_after_forward}),
             "nccl_version": _nccl_version() if backend == "nccl" else None,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
@@ -218,9 +220,12 @@ class DataParallel(SingleProcess):
         # on every rank, so re-broadcasting them before every forward is a
         # wasted collective (and a sync point). gradient_as_bucket_view: the
         # gradients live inside the all-reduce buckets instead of being copied in.
+        # static_graph (--ddp-static-graph): every step uses every parameter in the
+        # same order, so DDP can fix its bucket order after the first step.
         ddp = DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True)
+            bucket_cap_mb=self.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True,
+            static_graph=self.static_graph)
         if self.comm_hook != "none":
             self._register_comm_hook(ddp)
         return ddp
@@ -428,6 +433,10 @@ def variant(result: dict) -> str:
         parts.append(f"{d['comm_hook']} all-reduce")
     if result["run"].get("compile"):
         parts.append("one graph" if d.get("compile_ddp") == "whole" else "graph split per bucket")
+    if d.get("static_graph"):
+        parts.append("static graph")
+    if "NCCL_MAX_NCHANNELS" in d.get("env", {}):
+        parts.append(f"NCCL <= {d['env']['NCCL_MAX_NCHANNELS']} channels")
     return ", ".join(parts)
 
 

@@ -244,12 +244,12 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
     def parse(*argv):
         return settings_from_args("v1", build_parser("v1", "").parse_args(list(argv)), list(argv))
     s = parse("--ddp-bucket-mb", "100", "--ddp-comm-hook", "bf16", "--compile-ddp", "whole",
-              "--fsdp-reshard-after-forward", "false")
-    assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.fsdp_reshard_after_forward) == \
-        (100.0, "bf16", "whole", False)
+              "--ddp-static-graph", "--fsdp-reshard-after-forward", "false")
+    assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.ddp_static_graph,
+            s.fsdp_reshard_after_forward) == (100.0, "bf16", "whole", True, False)
     d = parse()
-    assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.fsdp_reshard_after_forward) == \
-        (25.0, "none", "split", True)
+    assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.ddp_static_graph,
+            d.fsdp_reshard_after_forward) == (25.0, "none", "split", False, True)
     for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
                  ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"]):
         with pytest.raises(UsageError, match=argv[0]):
@@ -341,6 +341,20 @@ def test_a_hook_the_backend_refuses_is_one_usage_error(group_of_one, monkeypatch
         ctx.wrap(TwoLayers(), None)
 
 
+def test_static_graph_reaches_ddp_and_still_trains(group_of_one):
+    ctx = group_of_one(ddp_static_graph=True)
+    model, reference = ctx.wrap(TwoLayers(), None), TwoLayers()
+    assert model.static_graph and ctx.extra["static_graph"] is True
+    for _ in range(2):  # the first backward records the order, the second uses it
+        x = torch.randn(3, 4)
+        model.zero_grad()
+        reference.zero_grad()
+        model(x).sum().backward()
+        reference(x).sum().backward()
+        for p, ref in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, ref.grad)
+
+
 @pytest.mark.parametrize("mode, optimize_ddp", [("split", True), ("whole", False)])
 def test_compile_ddp_chooses_dynamo_graph_splitting(group_of_one, mode, optimize_ddp):
     import torch._dynamo
@@ -369,7 +383,8 @@ def test_fsdp_reshard_after_forward_reaches_every_block(group_of_one, reshard):
 def test_scaling_table_names_each_variant():
     single = fake_result(1, 1000.0, 10.0)
     runs = []
-    for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"}):
+    for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"},
+                  {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}}):
         run = fake_result(2, 1800.0, 11.1)
         run["distributed"] = {"kind": "ddp", **extra}
         runs.append(run)
@@ -380,7 +395,8 @@ def test_scaling_table_names_each_variant():
     fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False}
     rows = [distributed.scaling(single, r) for r in runs]
     assert [r["variant"] for r in rows] == [
-        "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph"]
+        "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
+        "bucket 25 MB, graph split per bucket, static graph, NCCL <= 4 channels"]
     single["run"]["compile"] = False
     for r in runs:
         r["run"]["compile"] = False

@@ -14,6 +14,9 @@
 #   bucketN     --ddp-bucket-mb N             (bucket50, bucket100, bucket200, bucket1000 ...)
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
+#   static      --ddp-static-graph            (DDP fixes its bucket order after step 1)
+#   nchN        env NCCL_MAX_NCHANNELS=N      (NCCL uses at most N channels, i.e. fewer SMs
+#                                              taken from the backward it overlaps; nch4 ...)
 #   fsdp        --fsdp                        (FSDP2 instead of DDP)
 #   noreshard   --fsdp --fsdp-reshard-after-forward false
 #   a+b         both, e.g. bf16+bucket100
@@ -61,14 +64,23 @@ variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unkno
             bucket[0-9]*) flags+=(--ddp-bucket-mb "${part#bucket}") ;;
             bf16 | fp16) flags+=(--ddp-comm-hook "$part") ;;
             whole) flags+=(--compile-ddp whole) ;;
+            static) flags+=(--ddp-static-graph) ;;
+            nch[0-9]*) ;;  # an environment variable: see variant_env
             fsdp) flags+=(--fsdp) ;;
             noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
             *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
-                    "whole fsdp noreshard, joined with +)" >&2
+                    "whole static nchN fsdp noreshard, joined with +)" >&2
                return 2 ;;
         esac
     done
     echo "${flags[*]}"
+}
+
+variant_env() {  # variant_env NAME: the environment assignments it adds (for `env`)
+    local part
+    for part in ${1//+/ }; do
+        [[ $part == nch[0-9]* ]] && echo "NCCL_MAX_NCHANNELS=${part#nch}"
+    done
 }
 
 if [ -n "${VARIANTS:-}" ]; then
@@ -123,14 +135,16 @@ for name in "${variants[@]}"; do
     kind=ddp; [[ " ${flags[*]} " == *" --fsdp "* ]] && kind=fsdp
     file="$OUT_DIR/$kind$NGPU.json"  # base and fsdp keep the names of the default mode
     [[ $name == base || $name == fsdp ]] || file="$OUT_DIR/$kind${NGPU}_${name//+/_}.json"
-    run "${kind^^} x$NGPU [$name]" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" --output "$file" \
-        && runs+=("$file") || missing+=("$name")
+    mapfile -t envs < <(variant_env "$name")
+    run "${kind^^} x$NGPU [$name]" env "${envs[@]}" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" \
+        --output "$file" && runs+=("$file") || missing+=("$name")
 done
 
 if [ "${PROFILE:-0}" = 1 ]; then
     # The profiled steps come right after warm-up; a few are enough (harness/profiling.py).
     read -r -a flags <<< "$(variant_flags "${variants[0]}")"
-    if run "profile [${variants[0]}]" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" \
+    mapfile -t envs < <(variant_env "${variants[0]}")
+    if run "profile [${variants[0]}]" env "${envs[@]}" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" \
             --num-steps $((WARMUP + 4)) --profile pytorch --profile-dir "$OUT_DIR/profile" \
             --output "$OUT_DIR/profile/run.json"; then
         mapfile -t traces < <(find "$OUT_DIR/profile" -name '*.pt.trace.json' | sort)
