@@ -357,23 +357,33 @@ def chosen_configs() -> dict[str, str]:
     return dict(_LAST_CONFIG)
 
 
-def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: int):
-    """Pick the launch kwargs for `kernel`: forced, by rule (RMSNorm, RoPE), the first
-    fitting candidate (AUTOTUNE off) or autotuned - which launches the kernel once
-    per candidate, so the caller must not launch it again. Returns (kwargs, how,
-    launched)."""
+def _candidates(kernel: str, width: int, elem_bytes: int) -> tuple[list[dict], str]:
+    """The configurations `kernel` may run with, and how they were chosen: the
+    forced one, the one by rule (RMSNorm, RoPE), or the candidates that fit in
+    shared memory - all of them to autotune, only the first with AUTOTUNE off."""
     forced = forced_config(kernel)
     if forced is not None:
-        return check_config(kernel, forced, width, elem_bytes), "forced", False
-    if rule_config(kernel, width) is not None:
-        return rule_config(kernel, width), "rule", False
+        return [check_config(kernel, forced, width, elem_bytes)], "forced"
+    rule = rule_config(kernel, width)
+    if rule is not None:
+        return [rule], "rule"
     candidates = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
                                  _shared_memory_limit())
     if not AUTOTUNE or len(candidates) == 1:
-        return _usable_here(candidates[0]), "first candidate", False
-    tuner = triton.autotune(configs=[_triton_config(c) for c in candidates], key=[])(_KERNELS[kernel])
+        return candidates[:1], "first candidate"
+    return candidates, "autotuned"
+
+
+def _choose(kernel: str, key: tuple, grid, args, meta, width: int, elem_bytes: int):
+    """Pick the launch kwargs for `kernel` among its _candidates; autotuning
+    launches the kernel once per candidate, so the caller must not launch it
+    again. Returns (kwargs, how, launched)."""
+    configs, how = _candidates(kernel, width, elem_bytes)
+    if len(configs) == 1:
+        return _usable_here(configs[0]), how, False
+    tuner = triton.autotune(configs=[_triton_config(c) for c in configs], key=[])(_KERNELS[kernel])
     tuner[grid](*args, **meta)  # times every candidate, then runs the best one
-    return tuner.best_config.all_kwargs(), "autotuned", True
+    return tuner.best_config.all_kwargs(), how, True
 
 
 def _launch(kernel: str, grid, key: tuple, *args, width: int, elem_bytes: int, **meta):
@@ -1000,15 +1010,8 @@ def _launch_for_inductor(kernel: str, grid, args: tuple, meta: dict, width: int,
     """The launch as torch.compile records it: the kernel and its candidate configs
     (forced, by rule, or those the eager path would autotune) go to wrap_triton;
     Inductor times the candidates once, at compile time, and launches the winner."""
-    forced = forced_config(kernel)
-    if forced is not None:
-        configs, how = [check_config(kernel, forced, width, elem_bytes)], "forced"
-    elif rule_config(kernel, width) is not None:
-        configs, how = [rule_config(kernel, width)], "rule"
-    else:
-        configs = fitting_configs(kernel, KERNEL_CONFIGS[kernel][backend()], width, elem_bytes,
-                                  _shared_memory_limit())[:None if AUTOTUNE else 1]
-        how = "autotuned by torch.compile" if len(configs) > 1 else "first candidate"
+    configs, how = _candidates(kernel, width, elem_bytes)
+    how = "autotuned by torch.compile" if how == "autotuned" else how
     # Inductor knows num_warps and num_stages; AMD's compiler options (waves_per_eu,
     # ...) it would take for kernel arguments (not tried on an AMD GPU): keep block
     # sizes, warps and stages only.
