@@ -12,7 +12,9 @@ whichever ran first. One process also means each torch.compile happens once:
 later repeats reuse the compiled code.
 
 Modes: eager, compile (torch.compile), reduce-overhead (compile + CUDA/HIP
-graphs), max-autotune (compile + GEMM autotuning: slow to compile). Each
+graphs), max-autotune (compile + GEMM autotuning: slow to compile), and
+compile-master / reduce-overhead-master (the same with `--optimizer master`:
+bf16 weights, fp32 masters in the optimizer; bf16 only). Each
 version runs the modes it was written for (VERSION_MODES) that --modes asks
 for; V1 is the plain-PyTorch baseline and always runs eager. When
 `transformers` is importable a peer joins: Hugging Face LlamaForCausalLM of the
@@ -52,10 +54,15 @@ VERSIONS = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_
             "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
 PEER = "hf"
 VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"), "v3": ("eager", "compile"),
-                 "v4": ("eager", "compile", "reduce-overhead", "max-autotune")}
+                 "v4": ("eager", "compile", "reduce-overhead", "max-autotune",
+                        "compile-master", "reduce-overhead-master")}
 MODE_FLAGS = {"eager": [], "compile": ["--compile"],
               "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
               "max-autotune": ["--compile", "--compile-mode", "max-autotune"]}
+# "-master": the same with bf16 weights and fp32 master copies in the optimizer
+# (--optimizer master, bf16 only): autocast's arithmetic without its weight casts.
+MODE_FLAGS.update({f"{mode}-master": [*MODE_FLAGS[mode], "--optimizer", "master"]
+                   for mode in ("compile", "reduce-overhead")})
 # Issue 3's targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
 TARGETS = [
     ("medium", "V2 best >= 1.3x V1", lambda s: s.ratio(s.best("v2"), s.speed("v1", "eager")), 1.3),
@@ -302,8 +309,8 @@ def parse_args(argv):
     p.add_argument("--versions", default="v1,v2,v3,v4,hf",
                    help="comma-separated; missing ones are skipped with a note")
     p.add_argument("--modes", default=None,
-                   help="comma-separated from eager,compile,reduce-overhead,max-autotune "
-                        "(default: eager,compile,reduce-overhead on a GPU, eager on CPU)")
+                   help="comma-separated from eager,compile,reduce-overhead,max-autotune,"
+                        "compile-master,reduce-overhead-master (default: eager,compile,reduce-overhead on a GPU, eager on CPU)")
     p.add_argument("--peer-modes", default="compile", help="modes for the HF peer")
     p.add_argument("--repeats", type=int, default=2, help="rounds over all (version, mode) pairs")
     p.add_argument("--num-steps", type=int, default=30)
@@ -357,7 +364,7 @@ def compare(args) -> dict:
     if output.suffix != ".json":
         raise UsageError("--output must end in .json")
 
-    if "reduce-overhead" in modes + peer_modes and device.type == "cuda":
+    if any(m.startswith("reduce-overhead") for m in modes + peer_modes) and device.type == "cuda":
         torch._logging.set_logs(perf_hints=True)  # prints why CUDA graphs were skipped, if ever
     common = ["--preset", preset, "--precision", precision, "--device", device.type,
               "--num-steps", str(args.num_steps), "--warmup-steps", str(args.warmup_steps),

@@ -95,9 +95,12 @@ def build_parser(version: str, description: str, add_arguments=None,
                    choices=("default", "reduce-overhead", "max-autotune",
                             "max-autotune-no-cudagraphs"),
                    help="torch.compile mode; reduce-overhead adds CUDA/HIP graphs")
-    t.add_argument("--optimizer", choices=("default", "foreach", "fused"), default=default_optimizer,
-                   help="AdamW implementation: torch's default, foreach (multi-tensor) "
-                        "or fused (one kernel)")
+    t.add_argument("--optimizer", choices=("default", "foreach", "fused", "master"),
+                   default=default_optimizer,
+                   help="AdamW implementation: torch's default, foreach (multi-tensor), "
+                        "fused (one kernel) or master (bf16 only: linear layers' weights stored "
+                        "in bf16, fp32 master copies in the optimizer - same maths as autocast "
+                        "without its per-step weight casts; harness/master_weights.py)")
     t.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard with FSDP2 instead of DDP")
     t.add_argument("--ddp-bucket-mb", type=float, default=25.0, metavar="MB",

@@ -11,7 +11,7 @@ import torch
 
 from . import data as data_mod
 from . import device as dev
-from . import distributed, flops, measure, results
+from . import distributed, flops, master_weights, measure, results
 from .cli import RunSettings
 from .errors import NonFiniteLoss, OutOfMemory, UsageError
 
@@ -88,13 +88,25 @@ def add_nvtx_ranges(model: torch.nn.Module) -> None:
         block.register_forward_hook(pop)
 
 
-def make_optimizer(model: torch.nn.Module, settings: RunSettings, device: torch.device):
+def make_optimizer(model: torch.nn.Module, settings: RunSettings, device: torch.device,
+                   masters: dict | None = None):
     kwargs = {"lr": settings.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    if settings.optimizer == "master":
+        return master_weights.MasterWeightAdamW(model.parameters(), masters, **kwargs)
     if settings.optimizer == "fused" and device.type == "cuda":
         kwargs["fused"] = True
     elif settings.optimizer in ("foreach", "fused"):
         kwargs["foreach"] = True  # fused AdamW is GPU-only in older torch; foreach is close
     return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def check_master_weights(settings: RunSettings, precision: str) -> None:
+    """--optimizer master computes exactly what bf16 autocast does, or refuses to run."""
+    problem = (f"it needs --precision bf16 (got {precision})" if precision != "bf16" else
+               "--grad-accum > 1 would add gradients in bf16" if settings.grad_accum > 1 else
+               "FSDP2 shards parameters of one dtype; use DDP" if settings.fsdp else None)
+    if problem:
+        raise UsageError(f"--optimizer master: {problem}")
 
 
 @contextlib.contextmanager
@@ -138,12 +150,16 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     model = base_model = build(settings, build_model, init_from_v1).to(device)
     if settings.grad_checkpoint:
         enable_grad_checkpointing(model)
+    masters = None
+    if settings.optimizer == "master":
+        check_master_weights(settings, precision)
+        masters = master_weights.split_master_weights(model, torch.bfloat16)
     use_nvtx = device.type == "cuda"
     if use_nvtx and not settings.compile:
         add_nvtx_ranges(model)
     model = ctx.wrap(model, settings)
     train_model = torch.compile(model, mode=settings.compile_mode) if settings.compile else model
-    optimizer = make_optimizer(model, settings, device)
+    optimizer = make_optimizer(model, settings, device, masters)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     batches = data_mod.Batches(settings.data, cfg.vocab_size, settings.batch_size,
                                settings.seq_len, settings.seed, settings.data_path,
