@@ -10,6 +10,9 @@ VARIANT is "base" or a "+"-joined list of:
     swiglu    SiLU*mul as an autograd.Function whose backward writes d(gate|up) as two
               slices of one buffer (instead of the cat that split's backward builds)
     cdt       Inductor's coordinate-descent tuning of its generated kernels
+    cat1      Inductor never lowers a cat as one "pointwise cat" kernel (each output
+              element evaluates every input, masked: the backward of a split reads
+              its inputs twice); it writes each input into its slice instead
 Each variant keeps V1's maths (same final loss on the tiny preset); only speed
 differs. Results of the H200 runs are in docs/PERFORMANCE.md (issue 3).
 This is a lab bench, not a version: the winners move into the model files.
@@ -73,6 +76,12 @@ if "swiglu" in parts:  # backward writes d(gate|up) as two slices of one buffer
 if "cdt" in parts:
     import torch._inductor.config as ic
     ic.coordinate_descent_tuning = True
+
+if "cat1" in parts:
+    import torch._inductor.config as ic
+    for knob in ("max_pointwise_cat_inputs", "max_complex_pointwise_cat_inputs"):
+        if hasattr(ic, knob):  # the second one is newer than torch 2.11
+            setattr(ic, knob, 1)
 
 from version4_sdpa import tiny_llama_v4 as v4  # noqa: E402
 sys.exit(v4.main(argv))

@@ -6,8 +6,10 @@ more honest against a *measured* ceiling, in the spirit of the Empirical
 Roofline Toolkit: one big GEMM for the matrix peak, one big copy for the
 memory bandwidth.
 
-Both probes warm up first (clocks ramp, cuBLAS/hipBLASLt pick their kernels),
-time with device events, and report the median. Inputs are random normals,
+Both probes warm up first - for at least half a second of device work on a
+GPU, because an idle GPU needs that long to raise its clocks (a few calls of
+warm-up measured a 5% lower matmul ceiling on an H200 whose clock had been
+idle) - then time with device events and report the median. Inputs are random normals,
 never zeros: GPUs draw less power multiplying zeros and can clock higher, which
 would flatter the result. On a CPU the sizes shrink so each probe takes well
 under a second.
@@ -15,6 +17,7 @@ under a second.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -38,10 +41,17 @@ def _matmul_precision(precision: str):
         torch.set_float32_matmul_precision(saved[1])
 
 
-def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10) -> float:
-    """Median device time of `work()` in ms, after `warmup` untimed calls."""
-    for _ in range(warmup):
+def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
+              warmup_s: float = 0.0) -> float:
+    """Median device time of `work()` in ms, after `warmup` untimed calls and
+    at least `warmup_s` seconds of them."""
+    started = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - started < warmup_s:
         work()
+        done += 1
+        if done >= warmup:
+            dev.synchronize(device)  # count finished work, not queued launches
     samples = []
     for _ in range(repeats):
         clock = dev.StepClock(device)
@@ -54,7 +64,7 @@ def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10) ->
 
 
 def measure_matmul_tflops(device, precision: str = "bf16", size: int | None = None,
-                          warmup: int = 3, repeats: int = 10) -> float:
+                          warmup: int = 3, repeats: int = 20) -> float:
     """Median TFLOP/s of a square `size`^3 matrix product (2*size^3 FLOPs).
 
     8192^3 on a GPU (about 1 ms of work at bf16: long enough that launch cost
@@ -71,7 +81,8 @@ def measure_matmul_tflops(device, precision: str = "bf16", size: int | None = No
     b = torch.randn(n, n, device=device, dtype=DTYPES[precision], generator=gen)
     out = torch.empty(n, n, device=device, dtype=DTYPES[precision])
     with _matmul_precision(precision):
-        ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats)
+        ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats,
+                       warmup_s=0.5 if device.type == "cuda" else 0.0)
     return 2 * n ** 3 / (ms / 1000) / 1e12
 
 
@@ -94,5 +105,6 @@ def measure_copy_gbs(device, nbytes: int | None = None, warmup: int = 3,
         for _ in range(copies):
             dst.copy_(src)
 
-    ms = median_ms(device, work, warmup, repeats if device.type == "cuda" else min(repeats, 5))
+    ms = median_ms(device, work, warmup, repeats if device.type == "cuda" else min(repeats, 5),
+                   warmup_s=0.5 if device.type == "cuda" else 0.0)
     return 2 * src.nbytes * copies / (ms / 1000) / 1e9
