@@ -7,8 +7,8 @@
 VARIANT is "base" or a "+"-joined list of:
     rope      RoPE applied on the (B, T, heads, D) layout, before the head transpose
     ropehalf  RoPE as two half-width products and one cat (no rotate_half, no negation)
-    swiglu    SiLU*mul as an autograd.Function whose backward writes d(gate|up) into
-              one buffer (instead of the stack that unbind's backward builds)
+    swiglu    SiLU*mul as an autograd.Function whose backward writes d(gate|up) as two
+              slices of one buffer (instead of the cat that split's backward builds)
     cdt       Inductor's coordinate-descent tuning of its generated kernels
     cat1      Inductor never lowers a cat as one "pointwise cat" kernel (each output
               element evaluates every input, masked: the backward of a split reads
@@ -48,24 +48,24 @@ if "ropehalf" in parts:  # no rotate_half cat: two half-width products
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).type_as(x)
     v2.apply_rope = apply_rope
 
-if "swiglu" in parts:  # backward writes d(gate|up) into one buffer (V2's interleaved layout)
+if "swiglu" in parts:  # backward writes d(gate|up) as two slices of one buffer
     class SiluMulPacked(torch.autograd.Function):
         @staticmethod
         def forward(ctx, gu):
             ctx.save_for_backward(gu)
-            g, u = gu.unflatten(-1, (-1, 2)).unbind(-1)
+            g, u = gu.chunk(2, dim=-1)
             return F.silu(g) * u
 
         @staticmethod
         def backward(ctx, dh):
             (gu,) = ctx.saved_tensors
-            g, u = gu.float().unflatten(-1, (-1, 2)).unbind(-1)
+            g, u = gu.float().chunk(2, dim=-1)
             dh = dh.float()
             s = torch.sigmoid(g)
             d = torch.empty_like(gu)
-            pairs = d.unflatten(-1, (-1, 2))
-            pairs[..., 0] = (dh * u * s * (1 + g * (1 - s))).to(gu.dtype)
-            pairs[..., 1] = (dh * g * s).to(gu.dtype)
+            n = g.shape[-1]
+            d[..., :n] = (dh * u * s * (1 + g * (1 - s))).to(gu.dtype)
+            d[..., n:] = (dh * g * s).to(gu.dtype)
             return d
 
     def mlp_forward(self, x):

@@ -6,8 +6,7 @@ how often each activation travels through memory:
 1. One QKV projection. q, k and v are three matrix products of the same input;
    stacking the three weight matrices makes them one wider GEMM: one launch,
    one read of x, and a shape that keeps the matrix units busier.
-2. One gate+up projection in the MLP, for the same reason (its rows
-   interleaved, gate and up alternating: see FusedLinear for why).
+2. One gate+up projection in the MLP, for the same reason.
 3. RMSNorm through F.rms_norm: one fused kernel on a GPU with recent PyTorch
    instead of pow, mean, add, rsqrt and two multiplies, each of which reads
    and writes the whole activation.
@@ -70,38 +69,14 @@ class FusedLinear(nn.Linear):
     parts names the V1 projections it replaces and their output sizes, e.g.
     {"q_proj": 512, "k_proj": 256, "v_proj": 256}; forward returns one tensor
     per part (views into the single GEMM's output, no copies).
-
-    interleave=True (parts of equal size) alternates their rows - gate row i,
-    then up row i - instead of stacking block after block. The GEMM costs the
-    same; what changes is backward: the gradient of the stacked output is a
-    concatenation, and torch.compile builds it in one kernel in which each half
-    reads the inputs again (SiLU*mul's backward read gate, up and the incoming
-    gradient twice: 1.1 ms of a 19 ms medium step on an H200). Interleaved, the
-    two gradients of a pair sit side by side, so that kernel reads each input
-    once.
     """
 
-    def __init__(self, in_features: int, parts: dict, interleave: bool = False):
+    def __init__(self, in_features: int, parts: dict):
         super().__init__(in_features, sum(parts.values()), bias=False)
-        self.parts, self.interleave = dict(parts), interleave
-        if interleave and len(set(parts.values())) != 1:
-            raise ValueError("interleave needs parts of equal size")
+        self.parts = dict(parts)
 
     def forward(self, x):
-        y = super().forward(x)
-        if self.interleave:
-            return y.unflatten(-1, (-1, len(self.parts))).unbind(-1)
-        return y.split(list(self.parts.values()), dim=-1)
-
-    def fuse(self, weights: list) -> torch.Tensor:
-        """V1's separate weight matrices -> this layer's one matrix."""
-        return torch.stack(weights, dim=1).flatten(0, 1) if self.interleave else torch.cat(weights)
-
-    def unfuse(self, weight: torch.Tensor) -> list:
-        """This layer's matrix (or its gradient) -> one tensor per V1 projection."""
-        if self.interleave:
-            return [w.contiguous() for w in weight.unflatten(0, (-1, len(self.parts))).unbind(1)]
-        return list(weight.split(list(self.parts.values())))
+        return super().forward(x).split(list(self.parts.values()), dim=-1)
 
 
 class RMSNorm(PlainRMSNorm):
@@ -198,8 +173,7 @@ class SwiGLU(nn.Module):
         self.fused_gate_up = fusions.fused_gate_up
         if self.fused_gate_up:
             self.gate_up_proj = FusedLinear(cfg.hidden_dim, {"gate_proj": cfg.ffn_dim,
-                                                             "up_proj": cfg.ffn_dim},
-                                            interleave=True)
+                                                             "up_proj": cfg.ffn_dim})
         else:
             self.gate_proj = nn.Linear(cfg.hidden_dim, cfg.ffn_dim, bias=False)
             self.up_proj = nn.Linear(cfg.hidden_dim, cfg.ffn_dim, bias=False)
@@ -276,7 +250,7 @@ class TinyLlama(nn.Module):
         for name, parent, module in self._fused_linears():
             keys = [f"{prefix}{parent}.{part}.weight" for part in module.parts]
             if all(k in state_dict for k in keys):
-                state_dict[f"{prefix}{name}.weight"] = module.fuse([state_dict.pop(k) for k in keys])
+                state_dict[f"{prefix}{name}.weight"] = torch.cat([state_dict.pop(k) for k in keys])
 
     def to_v1_layout(self, tensors: dict) -> dict:
         """Split stacked entries back into V1's names: works on a state_dict()
@@ -284,7 +258,7 @@ class TinyLlama(nn.Module):
         out = dict(tensors)
         for name, parent, module in self._fused_linears():
             if f"{name}.weight" in out:
-                pieces = module.unfuse(out.pop(f"{name}.weight"))
+                pieces = out.pop(f"{name}.weight").split(list(module.parts.values()))
                 out.update({f"{parent}.{part}.weight": p for part, p in zip(module.parts, pieces)})
         return out
 
