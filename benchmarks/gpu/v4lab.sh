@@ -49,7 +49,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
         --compile --optimizer master ${PROFILE_FLAGS:-} --profile pytorch --profile-dir "$OUT_DIR/prof_v4" \
         --output "$OUT_DIR/prof_v4.json" > "$OUT_DIR/prof_v4.log" 2>&1 || echo "profile failed"
     find "$OUT_DIR/prof_v4" -name '*.pt.trace.json' -delete 2>/dev/null
-    $PY - "$OUT_DIR/prof_v4/kernel_table.csv" <<'PY'
+    $PY - "$OUT_DIR/prof_v4/pytorch/kernel_table.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 steps = 3  # the profiled steps: harness.profiling.PROFILE_STEPS after warm-up
