@@ -32,6 +32,7 @@ profiler trace how much of the NCCL time hid behind compute:
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -187,7 +188,14 @@ class DataParallel(SingleProcess):
 
     # ------------------------------------------------------------ the model
     def wrap(self, model, settings):
-        self.gradient_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.gradient_numel = sum(p.numel() for p in trained)
+        # Gradients have their parameter's dtype: fp32, or bf16 for most of them
+        # with --optimizer master. The comm probe times the dtype that dominates.
+        numel_by_dtype = collections.Counter()
+        for p in trained:
+            numel_by_dtype[p.dtype] += p.numel()
+        self.gradient_dtype = max(numel_by_dtype, key=numel_by_dtype.get, default=torch.float32)
         if self.kind == "ddp":
             return self._wrap_ddp(model)
         if not hasattr(model, "layers"):
@@ -317,8 +325,9 @@ class DataParallel(SingleProcess):
     def measure_communication(self, reps: int = 10) -> dict:
         """Time the collectives of one step alone, after training.
 
-        Method: one gradient-bucket-sized buffer (--ddp-bucket-mb of fp32 for
-        DDP, 25 MB for FSDP2, or the whole model if smaller; in 16 bits with
+        Method: one gradient-bucket-sized buffer (--ddp-bucket-mb of the
+        gradients' dtype for DDP - fp32, or bf16 with --optimizer master - 25 MB
+        of fp32 for FSDP2, or the whole model if smaller; in 16 bits with
         --ddp-comm-hook), timed over `reps` calls after two warm-up calls, the
         slowest rank's mean, scaled by the number of buckets the model fills.
         DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
@@ -330,10 +339,12 @@ class DataParallel(SingleProcess):
         """
         n = self.world_size
         ddp = self.kind == "ddp"
-        numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // 4))
+        wire = COMM_HOOK_DTYPES.get(self.comm_hook, self.gradient_dtype) if ddp else torch.float32
+        # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
+        held = torch.finfo(self.gradient_dtype if ddp else torch.float32).bits // 8
+        numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
         numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
         buckets = math.ceil(self.gradient_numel / numel)
-        wire = COMM_HOOK_DTYPES.get(self.comm_hook, torch.float32) if ddp else torch.float32
         full = torch.ones(numel, device=self.device, dtype=wire)
         shard = torch.ones(numel // n, device=self.device)
         if ddp:
@@ -352,7 +363,7 @@ class DataParallel(SingleProcess):
         return {"method": f"{reps} timed calls on an idle device, slowest rank, "
                           f"x {buckets} buckets; not overlapped with compute",
                 "bucket_mib": nbytes / 2**20, "buckets": buckets,
-                "gradient_mib": self.gradient_numel * 4 / 2**20,
+                "gradient_mib": self.gradient_numel * held / 2**20,
                 "ms_per_bucket": ops, "per_step_ms": per_step,
                 "bus_bandwidth_gb_s_per_op": busbw,
                 "bus_bandwidth_gb_s": next(iter(busbw.values()))}  # all-reduce / all-gather
