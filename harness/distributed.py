@@ -35,6 +35,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -230,10 +231,14 @@ class DataParallel(SingleProcess):
         # gradients live inside the all-reduce buckets instead of being copied in.
         # static_graph (--ddp-static-graph): every step uses every parameter in the
         # same order, so DDP can fix its bucket order after the first step.
+        # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers.)
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                          inspect.signature(DistributedDataParallel).parameters
+                          else {"broadcast_buffers": False})
         ddp = DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True,
-            static_graph=self.static_graph)
+            bucket_cap_mb=self.bucket_mb, gradient_as_bucket_view=True,
+            static_graph=self.static_graph, **no_buffer_sync)
         if self.comm_hook != "none":
             self._register_comm_hook(ddp)
         return ddp

@@ -456,3 +456,33 @@ def test_16_bit_gradient_all_reduce_trains_close_to_fp32(single_run, tmp_path):
     assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-3)
     assert result["distributed"]["comm_hook"] == "fp16"
     assert "fp16 all-reduce" in distributed.variant(result)
+
+
+# ---------------------------------------------------------------- --optimizer master under DDP
+
+
+def test_bf16_gradients_fill_bf16_buckets(group_of_one):
+    """--optimizer master: weights, gradients and so DDP's buckets are bf16; the probe times that."""
+    from harness.master_weights import split_master_weights
+
+    model = TwoLayers()
+    split_master_weights(model)
+    ctx = group_of_one()
+    ctx.wrap(model, None)
+    assert ctx.gradient_dtype == torch.bfloat16
+    comm = ctx.measure_communication(reps=1)
+    assert comm["gradient_mib"] == pytest.approx(ctx.gradient_numel * 2 / 2**20)
+
+
+def test_master_weights_under_ddp_match_one_process(tmp_path):
+    """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows."""
+    flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1"]
+    v4 = Path(load_version("v4").__file__).relative_to(REPO)
+    single = tmp_path / "single.json"
+    proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    torchrun(tmp_path / "out", *flags, script=v4)
+    result = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert result["run"]["optimizer"] == "master" and result["run"]["world_size"] == 2
+    # The averaged gradient is rounded to bf16 (two ranks' halves, then their mean).
+    assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)
