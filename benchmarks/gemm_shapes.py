@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from harness.ceilings import median_ms  # noqa: E402
+from harness.cli import OneLineParser  # noqa: E402
 
 SHAPES = {"square 4096": (4096, 4096, 4096), "square 8192": (8192, 8192, 8192),
           "square 16384": (16384, 16384, 16384),
@@ -23,7 +24,12 @@ SHAPES = {"square 4096": (4096, 4096, 4096), "square 8192": (8192, 8192, 8192),
           "o     8192x1024 @ 1024x1024": (8192, 1024, 1024)}
 
 
-def main():
+def main(argv=None) -> int:
+    OneLineParser(prog="gemm_shapes.py", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: gemm_shapes.py times GPU matrix products and needs a CUDA or ROCm GPU",
+              file=sys.stderr)
+        return 2
     device = torch.device("cuda")
     print(f"{'shape (M x K @ K x N)':34s} {'randn':>8s} {'x0.02':>8s}  TFLOP/s, bf16, median of 20")
     for name, (m, k, n) in SHAPES.items():
@@ -35,7 +41,8 @@ def main():
             ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3)
             row.append(2 * m * k * n / ms / 1e9)
         print(f"{name:34s} {row[0]:8.0f} {row[1]:8.0f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
