@@ -3,11 +3,11 @@
 `--optimizer master` (bf16 only). Why it is faster - the arithmetic is the same:
 
 Under autocast every linear layer keeps an fp32 weight and casts it to bf16 on
-every call (and torch.compile recomputes that cast in backward rather than keep
-it), and every weight gradient, computed in bf16, is widened to fp32 before it
-reaches `.grad`. That is three passes over every weight per step that do no
-arithmetic - about 0.8 ms of a 20 ms medium-preset step on an H200, almost as
-much as the optimizer itself (docs/PERFORMANCE.md).
+every call (torch.compile may keep that copy for backward or cast again), and
+every weight gradient, computed in bf16, is widened to fp32 before it reaches
+`.grad`. Passes over every weight that do no arithmetic: ~0.8 ms of `_to_copy`
+kernels in a 20 ms medium-preset step on an H200; removing them saved 0.55 ms
+(docs/PERFORMANCE.md, "Fourth session").
 
 Here the model holds the bf16 copy and the optimizer holds the fp32 "master"
 copy (mixed-precision training, Micikevicius et al., 2018). One compiled update
@@ -92,40 +92,34 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         on_gpu = any(p.is_cuda for group in self.param_groups for p in group["params"])
         self._update = _compiled_or_eager(adamw_step) if on_gpu else adamw_step
 
-    def _group_lists(self, group):
-        copies, low, full = [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
-            if not state:
-                master = self.masters.get(p, p)
-                state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(master, memory_format=torch.preserve_format)
-                state["step"] = torch.zeros(1, dtype=torch.float32, device=p.device)
-            (low if p in self.masters else full).append(p)
-        ordered = low + full  # the bf16 weights first: copies[i] belongs to masters[i]
-        masters = [self.masters.get(p, p) for p in ordered]
-        grads = [p.grad for p in ordered]
-        copies = low
-        return masters, grads, ordered, copies
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            masters, grads, ordered, copies = self._group_lists(group)
-            if not masters:
+            # The bf16 weights first (stable sort): copies[i] is the weight of masters[i].
+            ordered = sorted((p for p in group["params"] if p.grad is not None),
+                             key=lambda p: p not in self.masters)
+            if not ordered:
                 continue
+            # One step counter per group, shared by its parameters' states.
+            step = next((self.state[p]["step"] for p in ordered if self.state[p]), None)
+            if step is None:
+                step = torch.zeros(1, dtype=torch.float32, device=ordered[0].device)
+            for p in ordered:
+                state = self.state[p]
+                if not state:
+                    master = self.masters.get(p, p)
+                    state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(master,
+                                                           memory_format=torch.preserve_format)
+                    state["step"] = step
             beta1, beta2 = group["betas"]
-            # One step counter per group: all its parameters step together.
-            step = self.state[ordered[0]]["step"]
-            for p in ordered[1:]:
-                self.state[p]["step"] = step
-            self._update(masters, grads, [self.state[p]["exp_avg"] for p in ordered],
-                           [self.state[p]["exp_avg_sq"] for p in ordered], copies, step,
-                           lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                           weight_decay=group["weight_decay"])
+            self._update([self.masters.get(p, p) for p in ordered], [p.grad for p in ordered],
+                         [self.state[p]["exp_avg"] for p in ordered],
+                         [self.state[p]["exp_avg_sq"] for p in ordered],
+                         [p for p in ordered if p in self.masters], step,
+                         lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                         weight_decay=group["weight_decay"])
         return loss
 
 
