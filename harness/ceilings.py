@@ -6,10 +6,12 @@ more honest against a *measured* ceiling, in the spirit of the Empirical
 Roofline Toolkit: one big GEMM for the matrix peak, one big copy for the
 memory bandwidth.
 
-Both probes warm up first - for at least half a second of device work on a
-GPU, because an idle GPU needs that long to raise its clocks (a few calls of
-warm-up measured a 5% lower matmul ceiling on an H200 whose clock had been
-idle) - then time with device events and report the median. Inputs are random normals,
+Both probes warm up first - on a GPU for at least half a second of device
+work (GPU_WARMUP_S), so the clocks have ramped and cuBLAS/hipBLASLt have
+picked their kernels - then time with device events and report the median.
+(On H200s, 3 warm-up calls and 0.5 s gave the same matmul ceiling within run
+to run noise; the ceiling itself varied 651-779 TFLOP/s between machines of the
+same type: compare MFU only within one run - docs/PERFORMANCE.md.) Inputs are random normals,
 never zeros: GPUs draw less power multiplying zeros and can clock higher, which
 would flatter the result. On a CPU the sizes shrink so each probe takes well
 under a second.
@@ -23,6 +25,8 @@ import torch
 
 from . import device as dev
 from .measure import summarize
+
+GPU_WARMUP_S = 0.5  # seconds of untimed work before a GPU probe
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}
@@ -39,6 +43,10 @@ def _matmul_precision(precision: str):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved[0]
         torch.set_float32_matmul_precision(saved[1])
+
+
+def _warmup_s(device: torch.device) -> float:
+    return GPU_WARMUP_S if device.type == "cuda" else 0.0
 
 
 def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
@@ -82,7 +90,7 @@ def measure_matmul_tflops(device, precision: str = "bf16", size: int | None = No
     out = torch.empty(n, n, device=device, dtype=DTYPES[precision])
     with _matmul_precision(precision):
         ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats,
-                       warmup_s=0.5 if device.type == "cuda" else 0.0)
+                       warmup_s=_warmup_s(device))
     return 2 * n ** 3 / (ms / 1000) / 1e12
 
 
@@ -106,5 +114,5 @@ def measure_copy_gbs(device, nbytes: int | None = None, warmup: int = 3,
             dst.copy_(src)
 
     ms = median_ms(device, work, warmup, repeats if device.type == "cuda" else min(repeats, 5),
-                   warmup_s=0.5 if device.type == "cuda" else 0.0)
+                   warmup_s=_warmup_s(device))
     return 2 * src.nbytes * copies / (ms / 1000) / 1e9

@@ -346,7 +346,7 @@ class DataParallel(SingleProcess):
         ddp = self.kind == "ddp"
         wire = COMM_HOOK_DTYPES.get(self.comm_hook, self.gradient_dtype) if ddp else torch.float32
         # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
-        held = torch.finfo(self.gradient_dtype if ddp else torch.float32).bits // 8
+        held = (self.gradient_dtype if ddp else torch.float32).itemsize
         numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
         numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
         buckets = math.ceil(self.gradient_numel / numel)
