@@ -1,9 +1,13 @@
 # Two commands set up and run everything:
 #   make workshop   install (if needed), then train every version on this machine's device
 #   make test       install test extras (if needed), then run the test suite
+# And for instructors, on a GPU:
+#   make results    re-measure every published number (benchmarks/reproduce.sh; ARGS="compare-medium" for one step)
+#   make workshop ARGS="--quick"   tiny preset, 3 steps per version (what CI runs first)
+# Afterwards run scripts in the project's environment: source .venv/bin/activate
 PY := .venv/bin/python
 
-.PHONY: workshop test install clean
+.PHONY: workshop test install clean results
 workshop: .venv/.installed
 	$(PY) -m harness.workshop $(ARGS)
 
@@ -11,6 +15,9 @@ test: .venv/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 install: .venv/.installed
+
+results: .venv/.installed
+	bash benchmarks/reproduce.sh $(ARGS)
 
 .venv/.installed: pyproject.toml setup/install.sh
 	bash setup/install.sh

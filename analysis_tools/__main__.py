@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 from harness.cli import OneLineParser
+from harness.config import PRECISIONS, VERSIONS
 from harness.errors import WorkshopError
 
 from .common import AnalysisError, out_dir_default, parse_kv_list, text_table
-
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def _ints(text: str) -> list[int]:
@@ -91,6 +90,8 @@ def cmd_roofline(args) -> int:
     columns = ["op", "category", "count", "flops", "bytes", "intensity"]
     print("analytic operations of one training step (FLOPs and minimum bytes, all layers):")
     print(text_table(out["analytic"][columns], {"flops": ".3g", "bytes": ".3g", "intensity": ".2f"}))
+    if out["note"]:
+        print(f"note: {out['note']}")
     for c in out["ceilings"]:
         print(f"ceiling {c['label']}: {c['tflops']:.1f} TFLOP/s, {c['tbs']:.2f} TB/s, "
               f"ridge at {c['tflops'] / c['tbs']:.0f} FLOP/B")
@@ -178,11 +179,10 @@ def cmd_report(args) -> int:
 
 
 def cmd_regress(args) -> int:
-    from .regress import check_regressions
+    from .regress import check_regressions, display_table
     tolerances = parse_kv_list(args.tolerance, "--tolerance") if args.tolerance else None
     out = check_regressions([args.baseline], args.results, tolerances)
-    print(text_table(out["table"], {"baseline": ",.4g", "new": ",.4g", "change %": "+.1f",
-                                    "tolerance %": ".0f"}))
+    print(text_table(display_table(out["table"])))
     for note in out["notes"]:
         print(f"note: {note}")
     if out["regressions"]:
@@ -220,7 +220,7 @@ def build_parser() -> OneLineParser:
     r.add_argument("--preset", help="config when no results are given (default small)")
     r.add_argument("--batch-size", type=int)
     r.add_argument("--seq-len", type=int)
-    r.add_argument("--precision", choices=PRECISIONS)
+    r.add_argument("--precision", choices=tuple(PRECISIONS))
     r.add_argument("--attention", choices=("explicit", "flash"), help="for the step points' bytes")
     r.add_argument("--ceilings", help="JSON from the ceilings command")
     r.add_argument("--kernels", action="append", metavar="LABEL=CSV",
@@ -234,10 +234,10 @@ def build_parser() -> OneLineParser:
     m = sub.add_parser("memory", help="memory model vs measured")
     m.add_argument("results", nargs="*", help="results JSONs to check the model against")
     m.add_argument("--preset", default="small", help="config to predict when no results are given")
-    m.add_argument("--version", choices=("v1", "v2", "v3", "v4"), default="v1")
+    m.add_argument("--version", choices=tuple(VERSIONS), default="v1")
     m.add_argument("--batch-size", type=int)
     m.add_argument("--seq-len", type=int)
-    m.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    m.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16")
     m.add_argument("--grad-checkpoint", action="store_true")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
                    help="device to predict for (and to --trace on)")
@@ -272,7 +272,9 @@ def build_parser() -> OneLineParser:
 
     g = sub.add_parser("regress", help="compare with a baseline; exit 1 on regression")
     g.add_argument("results", nargs="+", help="new results JSONs or folders")
-    g.add_argument("--baseline", required=True, help="baseline results JSON or folder")
+    g.add_argument("--baseline", required=True,
+                   help="baseline results JSON or folder; make one from results you trust: "
+                        "mkdir -p baseline && cp results/workshop/*.json baseline/")
     g.add_argument("--tolerance", help="e.g. throughput=0.05,memory=0.10,loss=0.02 (fractions)")
     g.set_defaults(func=cmd_regress)
     return p

@@ -16,6 +16,7 @@ import torch
 from harness import device as dev
 from harness import flops
 from harness.ceilings import measure_copy_gbs, measure_matmul_tflops
+from harness.config import PRECISIONS
 
 from .common import AnalysisError, plt, save_figure
 
@@ -23,7 +24,7 @@ from .common import AnalysisError, plt, save_figure
 def default_precisions(device: torch.device) -> list[str]:
     if device.type == "cpu":
         return ["fp32", "bf16"]
-    return ["fp32", "tf32", "bf16", "fp16"] if dev.supports_bf16(device) else ["fp32", "fp16"]
+    return list(PRECISIONS) if dev.supports_bf16(device) else ["fp32", "fp16"]
 
 
 def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dict:
@@ -32,8 +33,8 @@ def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dic
     precisions = precisions or default_precisions(device)
     matmul = {}
     for p in precisions:
-        if p not in ("fp32", "tf32", "bf16", "fp16"):
-            raise AnalysisError(f"unknown precision {p!r} (fp32, tf32, bf16, fp16)")
+        if p not in PRECISIONS:
+            raise AnalysisError(f"unknown precision {p!r} ({', '.join(PRECISIONS)})")
         if p == "tf32" and device.type == "cpu":
             continue  # no TF32 on CPUs
         matmul[p] = measure_matmul_tflops(device, p)
@@ -47,8 +48,9 @@ def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dic
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": desc,
-        "method": "median of device-event timings after warm-up: square GEMM (2*n^3 FLOPs; "
-                  "n=8192 GPU, 1024 CPU), copy of 1 GiB GPU / 64 MiB CPU counting read + write",
+        "method": "median of device-event timings after warm-up: the best of several GEMM shapes "
+                  "(harness.ceilings.MATMUL_SHAPES, 2*m*k*n FLOPs; compare MFU against the "
+                  "datasheet beside it), copy of 1 GiB GPU / 64 MiB CPU counting read + write",
         "measured": measured,
         "datasheet": {"key": found[0], **found[1]} if found else None,
         "datasheet_table": flops.PEAK_TFLOPS,

@@ -233,6 +233,10 @@ def suspicious(results: list[dict]) -> list[str]:
     if len(precisions) > 1:
         flags.append(f"different precisions are compared ({', '.join(precisions)}): "
                      "speed-ups mix precision with implementation")
+    optimizers = sorted({str(r["run"].get("optimizer") or "not recorded") for r in results})
+    if len(optimizers) > 1:
+        flags.append(f"different optimizers are compared ({', '.join(optimizers)}): speed-ups mix "
+                     "the optimizer with the model code (pass the same --optimizer to every run)")
     data = sorted({r["run"].get("data", "synthetic") for r in results})
     if len(data) > 1:
         flags.append(f"different training data ({', '.join(data)}): loss curves are not comparable")

@@ -23,11 +23,10 @@ Everything here is checked on the CPU (tests): parameter, gradient and
 optimizer-state bytes exactly on the real models, saved activations against
 autograd's saved-tensor hooks, and the whole-step peak against a tracker of
 live tensor storages (`trace_step`). The GPU comparison is
-`benchmarks/gpu/analysis.sh`.
+the `memory` step of `benchmarks/reproduce.sh`.
 """
 from __future__ import annotations
 
-import importlib
 import types
 import weakref
 from dataclasses import dataclass, replace
@@ -37,15 +36,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness import flops
-from harness.config import PRESETS, ModelConfig
+from harness import config, flops
+from harness.config import PRECISIONS, PRESETS, VERSIONS, ModelConfig
 
 from .common import AnalysisError, load_results, model_config, peak_memory_mb, plt, save_figure, unique_labels
 
 MiB = 1024 * 1024
-BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
-VERSION_MODULES = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_llama_v2",
-                   "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
 
 
 # ---------------------------------------------------------------- implementations
@@ -117,7 +113,7 @@ class Shape:
 
     @property
     def a(self) -> int:          # bytes of an activation inside matmuls (autocast dtype)
-        return BYTES[self.precision]
+        return PRECISIONS[self.precision].bytes
 
     @property
     def n(self) -> int:          # tokens in the batch
@@ -391,9 +387,9 @@ class LiveTensorTracker(TorchDispatchMode):
 
 def load_version(version: str):
     try:
-        return importlib.import_module(VERSION_MODULES[version])
+        return config.load_version(version)
     except KeyError:
-        raise AnalysisError(f"unknown version {version!r} (choose from {', '.join(VERSION_MODULES)})") from None
+        raise AnalysisError(f"unknown version {version!r} (choose from {', '.join(VERSIONS)})") from None
     except ModuleNotFoundError:
         raise AnalysisError(f"{version} is not in this checkout yet") from None
 

@@ -13,12 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from harness.ceilings import median_ms
-from harness.config import ModelConfig
+from harness.config import PRECISIONS, ModelConfig
 from harness.trainer import configure_matmul_precision
 
 from .ops import training_ops
-
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _fwd_bwd(make_inputs, forward):
@@ -53,7 +51,7 @@ def benchmarks(cfg: ModelConfig, batch: int, seq: int, precision: str, device: t
     """(op name as in ops.training_ops, implementation, work closure) for every op."""
     from version1_baseline.tiny_llama_v1 import RMSNorm, apply_rope, rope_tables
 
-    dt, n, d, f = DTYPES[precision], batch * seq, cfg.hidden_dim, cfg.ffn_dim
+    dt, n, d, f = PRECISIONS[precision].dtype, batch * seq, cfg.hidden_dim, cfg.ffn_dim
     h, hd, v = cfg.num_heads, cfg.head_dim, cfg.vocab_size
     r = lambda *s, dtype=dt, grad=True: _rand(*s, dtype=dtype, device=device, grad=grad)  # noqa: E731
     gemms = {"q_proj": (d, h * hd), "k_proj": (d, cfg.num_kv_heads * hd),

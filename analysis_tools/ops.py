@@ -25,9 +25,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import flops
-from harness.config import ModelConfig
-
-from .memory import BYTES
+from harness.config import PRECISIONS, ModelConfig
 
 
 def _gemm(name, m, k, n, a, count):
@@ -64,7 +62,7 @@ def training_ops(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16"
     """One row per operation of a training step; FLOPs/bytes per call and per step."""
     if attention not in ("explicit", "flash"):
         raise ValueError(f"attention must be explicit or flash (got {attention!r})")
-    a, n, d, f, L = BYTES[precision], batch * seq, cfg.hidden_dim, cfg.ffn_dim, cfg.num_layers
+    a, n, d, f, L = PRECISIONS[precision].bytes, batch * seq, cfg.hidden_dim, cfg.ffn_dim, cfg.num_layers
     hd, h, hkv, v = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size
     rows = []
     if fused_qkv:

@@ -6,14 +6,29 @@ compile, checkpointing); each matched pair is checked on throughput (higher is
 better), peak memory and final loss (lower is better), and the gradient guard
 must still pass. Any check beyond tolerance is a regression: it is named, and
 the command exits 1 - ready for CI.
+
+Results JSONs and benchmarks/compare_versions.py JSONs both work (a comparison
+counts as one median run per version and mode); `bash benchmarks/reproduce.sh`
+ends by checking its comparisons against the published set this way.
+
+A baseline is any results you trust, kept where new runs do not overwrite them:
+
+    mkdir -p baseline && cp results/workshop/*.json baseline/
+    python -m analysis_tools regress --baseline baseline/ results/workshop
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from .common import AnalysisError, load_results, peak_memory_mb, run_label
+from .common import AnalysisError, peak_memory_mb, run_label
 
 DEFAULT_TOLERANCES = {"throughput": 0.05, "memory": 0.10, "loss": 0.02}
+# How each metric's values are shown: tokens/s as whole numbers, MB, loss to 4 places.
+DISPLAY = {"throughput": ("{:,.0f} tok/s"), "memory": "{:,.1f} MB", "loss": "{:.4f}"}
+MAKE_BASELINE = ("make one from results you trust: `mkdir -p baseline && cp results/workshop/*.json "
+                 "baseline/`, then `--baseline baseline/`")
 METRICS = {  # name: (how to read it, +1 if higher is better else -1)
     "throughput": (lambda r: r["throughput"]["tokens_per_s"], +1),
     "memory": (peak_memory_mb, -1),
@@ -24,8 +39,9 @@ METRICS = {  # name: (how to read it, +1 if higher is better else -1)
 def match_key(r: dict) -> tuple:
     """Everything that defines a run; the final loss also needs the same data, seed and steps."""
     run = r["run"]
-    settings = ("batch_size", "seq_len", "precision", "compile", "grad_checkpoint", "grad_accum",
-                "world_size", "data", "seed", "num_steps", "learning_rate")
+    settings = ("batch_size", "seq_len", "precision", "compile", "compile_mode", "optimizer",
+                "grad_checkpoint", "grad_accum", "world_size", "data", "seed", "num_steps",
+                "learning_rate")
     return (r["version"], tuple(sorted(r["config"].items())), *(run.get(k) for k in settings),
             tuple(sorted((k, str(v)) for k, v in r["options"].items())))
 
@@ -50,8 +66,8 @@ def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None)
             notes.append(f"{label}: baseline ran on {base['device']['name']}, this on "
                          f"{r['device']['name']} - speed differences may be the device")
         guard_ok = bool(r["gradient_guard"].get("passed")) and r["gradient_guard"].get("checked_params", 0) > 0
-        rows.append({"run": label, "metric": "gradient guard", "baseline": None, "new": None,
-                     "change %": None, "tolerance %": None,
+        rows.append({"run": label, "metric": "gradient guard", "baseline": _guard(base),
+                     "new": _guard(r), "change %": None, "tolerance %": None,
                      "status": "ok" if guard_ok else "REGRESSED"})
         for metric, (read, sign) in METRICS.items():
             old_value, new_value = read(base), read(r)
@@ -68,14 +84,44 @@ def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None)
     return pd.DataFrame(rows), notes
 
 
+def _guard(r: dict) -> str:
+    g = r["gradient_guard"]
+    return f"{'passed' if g.get('passed') else 'FAILED'}, {g.get('checked_params', 0)} params"
+
+
+def show(metric: str, value) -> str:
+    """One value as the table shows it (gradient-guard values are text already)."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return DISPLAY[metric].format(value) if metric in DISPLAY else str(value)
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The check table with each value in its metric's unit, ready to print."""
+    out = table.copy()
+    for col in ("baseline", "new"):
+        out[col] = [show(m, v) for m, v in zip(table["metric"], table[col])]
+    for col, spec in (("change %", "{:+.1f}"), ("tolerance %", "{:.0f}")):
+        out[col] = ["" if v is None or pd.isna(v) else spec.format(v) for v in table[col]]
+    return out
+
+
 def check_regressions(baseline_paths, new_paths, tolerances: dict | None = None) -> dict:
     """Notebook entry point: {'table', 'notes', 'regressions': [one line each]}."""
-    baseline = load_results(baseline_paths if isinstance(baseline_paths, (list, tuple)) else [baseline_paths])
-    new = load_results(new_paths)
+    baseline_paths = baseline_paths if isinstance(baseline_paths, (list, tuple)) else [baseline_paths]
+    for path in baseline_paths:
+        if not Path(path).exists():
+            raise AnalysisError(f"baseline {path}: no such file or folder; {MAKE_BASELINE}")
+    # Results JSONs, or benchmarks/compare_versions.py JSONs (one median run per version and mode)
+    from .compare import load_runs
+    baseline, base_notes = load_runs(baseline_paths)
+    new, new_notes = load_runs(new_paths)
     table, notes = check(baseline, new, tolerances)
+    notes = base_notes + new_notes + notes
     bad = table[table["status"] == "REGRESSED"]
     lines = [f"{row['run']}: {row['metric']} " + (
-        "failed" if row["metric"] == "gradient guard" else
-        f"{row['baseline']:,.4g} -> {row['new']:,.4g} ({row['change %']:+.1f}%, "
-        f"tolerance {row['tolerance %']:.0f}%)") for _, row in bad.iterrows()]
+        f"failed ({row['new']})" if row["metric"] == "gradient guard" else
+        f"{show(row['metric'], row['baseline'])} -> {show(row['metric'], row['new'])} "
+        f"({row['change %']:+.1f}%, tolerance {row['tolerance %']:.0f}%)")
+        for _, row in bad.iterrows()]
     return {"table": table, "notes": notes, "regressions": lines}

@@ -13,10 +13,17 @@ Points on the plot, each labelled:
   table), where the table has FLOPs and bytes;
 - one star per run (results JSON): the whole training step, model FLOPs over
   step time, at the step's analytic intensity.
+
+The roof: the ceilings given with --ceilings; otherwise the ceilings already
+measured for this device (the `ceilings` command's output,
+results/analysis/ceilings.json, when it names the same device) and the
+datasheet peak of a known GPU. With neither, the plot and the command say how
+to get one.
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +31,8 @@ import pandas as pd
 from harness import flops
 from harness.config import PRESETS
 
-from .common import AnalysisError, load_results, model_config, plt, save_figure, unique_labels
+from .common import (AnalysisError, load_results, model_config, out_dir_default, plt, save_figure,
+                     unique_labels)
 from .memory import implementation_for
 from .ops import training_ops
 
@@ -64,6 +72,47 @@ def load_ceilings(path) -> dict:
         raise AnalysisError(f"{path}: not a ceilings file (no 'measured' key); "
                             "make one with `python -m analysis_tools ceilings`")
     return data
+
+
+NO_ROOF = ("no roof: no ceilings measured for {device} and no datasheet peak for it; run "
+           "`python -m analysis_tools ceilings` once (it writes results/analysis/ceilings.json, "
+           "which roofline and report then use) or pass --ceilings FILE")
+
+
+def this_device_name(device: str = "auto") -> str:
+    """The name of the device the ceilings command would measure."""
+    import torch
+
+    from harness import device as dev
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return dev.device_name(torch.device("cpu"))
+
+
+def find_measured_ceilings(device_name: str | None, out_dir=None) -> Path | None:
+    """A ceilings.json from the `ceilings` command measured on this very device."""
+    folders = [Path(out_dir)] if out_dir else []
+    folders.append(out_dir_default())
+    for folder in folders:
+        path = folder / "ceilings.json"
+        if not path.is_file():
+            continue
+        try:
+            data = load_ceilings(path)
+        except AnalysisError:
+            continue
+        if device_name is None or data.get("device", {}).get("name") == device_name:
+            return path
+    return None
+
+
+def _short(path) -> str:
+    """A path relative to the current folder when it lies below it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 # ---------------------------------------------------------------- kernel tables
@@ -115,11 +164,17 @@ def step_points(results: list[dict]) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- plot
+def _lift(placed: list, x: float, y: float) -> int:
+    """How many labels already sit near (x, y) on the log-log plot: stack above them."""
+    return sum(1 for px, py in placed
+               if abs(math.log10(px / x)) < 0.25 and abs(math.log10(py / y)) < 0.35)
+
+
 def plot_roofline(ceilings: list[dict], analytic: pd.DataFrame | None = None,
                   measured: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
                   steps: pd.DataFrame | None = None, out_dir=".", name="roofline.png",
-                  title="Roofline"):
-    fig, ax = plt.subplots(figsize=(12, 6.5))
+                  title="Roofline", note: str | None = None):
+    fig, ax = plt.subplots(figsize=(13, 7))
     xs = [s["intensity"].dropna() for s in (analytic, measured, kernels, steps) if s is not None]
     all_x = pd.concat([pd.Series([1.0]), *xs])
     lo, hi = max(all_x.min() / 4, 1e-3), all_x.max() * 8
@@ -135,19 +190,35 @@ def plot_roofline(ceilings: list[dict], analytic: pd.DataFrame | None = None,
         if best is None or c["style"] == "-":
             best = c
     if analytic is not None and len(analytic):
-        # Ops at (nearly) the same intensity share one marker and one label.
+        # Ops at (nearly) the same intensity share one marker. Each marker gets a
+        # number, stacked above its neighbours so no two overlap; the numbers'
+        # op names are listed beside the plot.
         groups = analytic.assign(key=analytic["intensity"].round(2)).groupby(["category", "key"])
-        for (category, _), group in groups:
+        groups = sorted(groups, key=lambda item: item[1]["intensity"].iloc[0])
+        placed, key_lines = [], []
+        for number, ((category, _), group) in enumerate(groups, start=1):
             x = group["intensity"].iloc[0]
-            names = ", ".join(group["op"])
+            color = CATEGORY_COLORS.get(category, "gray")
+            key_lines.append(f"{number}: {', '.join(group['op'])}")
             if best:  # where the op would sit if it ran at its bound
                 y = min(best["tflops"], best["tbs"] * x)
-                ax.scatter(x, y, facecolors="none", s=60, edgecolors=CATEGORY_COLORS.get(category, "gray"))
-                ax.annotate(names, (x, y), fontsize=6, rotation=30, xytext=(3, 3), textcoords="offset points")
+                ax.scatter(x, y, facecolors="none", s=60, edgecolors=color)
+                lift = _lift(placed, x, y)
+                ax.annotate(str(number), (x, y), fontsize=7, color=color, xytext=(4, -3 + 9 * lift),
+                            textcoords="offset points")
             else:  # no ceiling known: mark the intensity on the axis only
-                ax.axvline(x, color=CATEGORY_COLORS.get(category, "gray"), alpha=0.3, linewidth=0.8)
-                ax.annotate(names, (x, 0.02), xycoords=("data", "axes fraction"), fontsize=6,
-                            rotation=90, va="bottom")
+                y = 1.0
+                ax.axvline(x, color=color, alpha=0.3, linewidth=0.8)
+                lift = _lift(placed, x, y)
+                ax.annotate(str(number), (x, 0.02 + 0.04 * lift), xycoords=("data", "axes fraction"),
+                            fontsize=7, color=color)
+            placed.append((x, y))
+        ax.text(1.01, 0.0, "analytic ops:\n" + "\n".join(key_lines), transform=ax.transAxes,
+                fontsize=6, va="bottom", ha="left", family="monospace")
+    if note:  # say on the plot itself why it has no roof and how to get one
+        import textwrap
+        ax.text(0.5, 0.55, "\n".join(textwrap.wrap(note, 70)), transform=ax.transAxes, fontsize=9,
+                ha="center", va="center", bbox={"facecolor": "lightyellow", "edgecolor": "gray"})
     if measured is not None and len(measured):
         for _, row in measured.iterrows():
             ax.scatter(row["intensity"], row["achieved_tflops"], s=45,
@@ -207,10 +278,17 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
     analytic = pd.concat([training_ops(cfg, batch, seq, precision, "explicit"),
                           training_ops(cfg, batch, seq, precision, "flash")]).drop_duplicates("op")
     analytic = analytic[analytic["flops"] > 0].reset_index(drop=True)
+    device_name = first["device"]["name"] if first else None
+    if ceilings_path is None:  # the ceilings already measured on this device, if any
+        device_name = device_name or this_device_name(device)
+        ceilings_path = find_measured_ceilings(device_name, out_dir)
     ceilings_json = load_ceilings(ceilings_path) if ceilings_path else None
-    device_name = ((ceilings_json or {}).get("device", {}).get("name")
-                   or (first["device"]["name"] if first else None))
+    device_name = ((ceilings_json or {}).get("device", {}).get("name") or device_name)
     ceilings = ceilings_for(device_name, precision, (ceilings_json or {}).get("measured"))
+    if ceilings_path and any(c["style"] == "-" for c in ceilings):
+        for c in ceilings:
+            if c["style"] == "-":
+                c["label"] += f" from {_short(ceilings_path)}"
     measured = None
     if measure_ops:
         from .ceilings import measure_ceilings
@@ -223,6 +301,7 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
     steps = step_points(results) if results else None
     title = (f"Roofline: {device_name or 'unknown device'}, {precision}, "
              f"hidden {cfg.hidden_dim} x {cfg.num_layers} layers, batch {batch} x seq {seq}")
-    path = plot_roofline(ceilings, analytic, measured, kernels, steps, out_dir, name, title)
+    note = None if ceilings else NO_ROOF.format(device=device_name or "this device")
+    path = plot_roofline(ceilings, analytic, measured, kernels, steps, out_dir, name, title, note)
     return {"analytic": analytic, "measured": measured, "kernels": kernels, "steps": steps,
-            "ceilings": ceilings, "plot": path}
+            "ceilings": ceilings, "plot": path, "note": note}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.config import PRESETS
+from harness.config import PRESETS, VERSIONS
 from harness.errors import EXIT_CODES
 from harness.results import SchemaError, load
-from harness.workshop import REPO, VERSIONS
+from harness.workshop import REPO
 
 from .common import AnalysisError, plt, save_figure
 
@@ -26,7 +26,7 @@ GRID_AXES = ("batch_size", "seq_len", "precision", "grad_checkpoint", "compile")
 
 
 def version_script(version: str) -> Path:
-    scripts = dict(VERSIONS)
+    scripts = {name: v.script for name, v in VERSIONS.items()}
     if version in scripts:
         path = REPO / scripts[version]
         if not path.exists():

@@ -61,9 +61,11 @@ def cases(tk):
     y, rstd = tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)
     o, lse = tk.attention_forward(q.detach(), k.detach(), v.detach(), 0.125)
 
-    def raw_rmsnorm_launch():  # the Triton launch alone, every argument fixed
-        tk._rmsnorm_fwd_kernel[(8,)](x, w, y, rstd, 8, 1024, 1024, 1024, 1e-5,
-                                     BLOCK_ROWS=1, BLOCK_COLS=1024, num_warps=4, num_stages=1)
+    from version3_triton.kernels.rmsnorm import _rmsnorm_fwd_kernel
+
+    def raw_rmsnorm_launch():  # the Triton launch alone, every argument fixed, no autotuner
+        _rmsnorm_fwd_kernel[(8,)](x, w, y, rstd, 8, 1024, 1024, 1024, 1e-5,
+                                  BLOCK_ROWS=1, BLOCK_COLS=1024, num_warps=4, num_stages=1)
 
     def grads(fn, inputs, grad_out):
         return lambda: torch.autograd.grad(fn(*inputs), inputs, grad_out)
@@ -71,15 +73,15 @@ def cases(tk):
     return [
         ("torch: x + 1 (one elementwise kernel)", lambda: x.detach() + 1),
         ("triton: raw rmsnorm launch", raw_rmsnorm_launch),
-        ("v3: rmsnorm_forward (launcher)", lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)),
-        ("v3: rmsnorm_backward (launcher)",
+        ("v3: rmsnorm_forward (operator)", lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)),
+        ("v3: rmsnorm_backward (operator)",
          lambda: tk.rmsnorm_backward(gy, x.detach(), w.detach(), rstd)),
         ("torch: F.rms_norm forward", lambda: F.rms_norm(x.detach(), (1024,), w.detach(), 1e-5)),
         ("v3: rms_norm fwd+bwd (autograd)", grads(lambda a, b: tk.rms_norm(a, b, 1e-5), (x, w), gy)),
         ("torch: F.rms_norm fwd+bwd", grads(lambda a, b: F.rms_norm(a, (1024,), b, 1e-5), (x, w), gy)),
-        ("v3: attention_forward (launcher)",
+        ("v3: attention_forward (operator)",
          lambda: tk.attention_forward(q.detach(), k.detach(), v.detach(), 0.125)),
-        ("v3: attention_backward (launcher)",
+        ("v3: attention_backward (operator)",
          lambda: tk.attention_backward(go, q.detach(), k.detach(), v.detach(), o, lse, 0.125)),
         ("torch: SDPA forward", lambda: F.scaled_dot_product_attention(
             q.detach(), k.detach(), v.detach(), is_causal=True)),
@@ -110,22 +112,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: host_overhead.py measures GPU launches; no CUDA/ROCm GPU here", file=sys.stderr)
         return 2
-    from version3_triton import triton_kernels as tk
+    from version3_triton import kernels as tk
     import triton
 
     calls = cases(tk)
     rows = [{"call": name, "host_us": host_us(fn)} for name, fn in calls]
-    fast = tk.FAST_LAUNCH
-    tk.FAST_LAUNCH = False  # version 3 again, through Triton's normal launch path
-    for row, (name, fn) in zip(rows, calls):
-        row["normal_launch_us"] = host_us(fn) if name.startswith("v3") else None
-    tk.FAST_LAUNCH = fast
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}: host microseconds per call (median of 5 x 200 calls)")
-    print(f"  {'call':42s} {'us':>8s} {'V3_FAST_LAUNCH=0':>17s}")
+    print(f"  {'call':42s} {'us':>8s}")
     for row in rows:
-        normal = f"{row['normal_launch_us']:17.1f}" if row["normal_launch_us"] else f"{'':17s}"
-        print(f"  {row['call']:42s} {row['host_us']:8.1f} {normal}")
+        print(f"  {row['call']:42s} {row['host_us']:8.1f}")
     if args.cprofile:
         for name, fn in calls:
             if "fwd+bwd (autograd)" in name:
@@ -138,7 +134,7 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps({
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,
             "triton": triton.__version__, "git_commit": results.git_commit(),
-            "fast_launch": fast, "rows": rows}, indent=2) + "\n")
+            "rows": rows}, indent=2) + "\n")
         tmp.replace(path)  # never a half-written file
     return 0
 

@@ -22,15 +22,15 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from harness.config import VERSIONS  # noqa: E402  (imports no torch)
+
 BEGIN, END = "<!-- version-diff:begin -->", "<!-- version-diff:end -->"
-V1 = "version1_baseline/tiny_llama_v1.py"
-V2 = "version2_fused/tiny_llama_v2.py"
-V3 = "version3_triton/tiny_llama_v3.py"
-V4 = "version4_sdpa/tiny_llama_v4.py"
+V1, V2, V3, V4 = (VERSIONS[v].script for v in ("v1", "v2", "v3", "v4"))
 
 # version -> (README, [(title, old file, old symbols, new file, new symbols)])
 DIFFS = {
-    "v2": ("version2_fused/README.md", [
+    "v2": (f"{VERSIONS['v2'].folder}/README.md", [
         ("Attention: one QKV GEMM, scale folded into q, fp32 only inside softmax",
          V1, ["Attention.forward"], V2, ["Attention.forward", "Attention.attend"]),
         ("SwiGLU: one gate+up GEMM, SiLU*mul as one kernel",
@@ -38,7 +38,7 @@ DIFFS = {
         ("RMSNorm: one fused kernel", V1, ["RMSNorm.forward"], V2, ["RMSNorm.forward"]),
         ("RoPE tables computed once", V1, ["TinyLlama.forward"], V2, ["TinyLlama.forward"]),
     ]),
-    "v3": ("version3_triton/README.md", [
+    "v3": (f"{VERSIONS['v3'].folder}/README.md", [
         ("Attention core: explicit T x T scores -> our Triton flash-attention kernel",
          V2, ["Attention.attend"], V3, ["TritonAttention.attend"]),
         ("RMSNorm: torch's fused kernel -> our Triton kernel (writes the autocast dtype)",
@@ -46,7 +46,7 @@ DIFFS = {
         ("RoPE: eight PyTorch operations for q and again for k -> one Triton kernel for both",
          V2, ["Attention.forward", "apply_rope"], V3, ["TritonAttention.forward"]),
     ]),
-    "v4": ("version4_sdpa/README.md", [
+    "v4": (f"{VERSIONS['v4'].folder}/README.md", [
         ("Attention core: our Triton kernel -> PyTorch SDPA (the vendor's flash kernels)",
          V3, ["TritonAttention.attend"], V4, ["SDPAAttention.attend", "causal_sdpa"]),
         ("RMSNorm: back to V2's torch kernel (F.rms_norm)",

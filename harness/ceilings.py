@@ -3,18 +3,20 @@
 Datasheet peaks are promises; no real code reaches them (the H100 SXM's 989
 TFLOP/s bf16 measures ~800 with a large cuBLAS GEMM). MFU and the roofline are
 more honest against a *measured* ceiling, in the spirit of the Empirical
-Roofline Toolkit: one big GEMM for the matrix peak, one big copy for the
-memory bandwidth.
+Roofline Toolkit: big GEMMs for the matrix peak, one big copy for the memory
+bandwidth.
 
-Both probes warm up first - on a GPU for at least half a second of device
-work (GPU_WARMUP_S), so the clocks have ramped and cuBLAS/hipBLASLt have
-picked their kernels - then time with device events and report the median.
-(On H200s, 3 warm-up calls and 0.5 s gave the same matmul ceiling within run
-to run noise; the ceiling itself varied 651-779 TFLOP/s between machines of the
-same type: compare MFU only within one run - docs/PERFORMANCE.md.) Inputs are random normals,
-never zeros: GPUs draw less power multiplying zeros and can clock higher, which
-would flatter the result. On a CPU the sizes shrink so each probe takes well
-under a second.
+A ceiling is only useful if it is stable. The matmul probe therefore warms up
+for GPU_WARMUP_S seconds of GEMMs first (clocks ramp up and cuBLAS/hipBLASLt
+pick their kernels), then times several shapes (MATMUL_SHAPES) with device
+events, takes each shape's median and reports the best: one shape that
+happens to get a poor kernel or a clock dip cannot drag the ceiling down.
+Even so, report MFU against the datasheet peak beside it, and judge nothing on
+a probe that moves by more than STABLE_PERCENT between two measurements
+(benchmarks/compare_versions.py probes before and after its runs).
+Inputs are random normals, never zeros: GPUs draw less power multiplying zeros
+and can clock higher, which would flatter the result. On a CPU the sizes
+shrink so each probe takes well under a second.
 """
 from __future__ import annotations
 
@@ -24,12 +26,15 @@ import time
 import torch
 
 from . import device as dev
+from .config import PRECISIONS
 from .measure import summarize
 
-GPU_WARMUP_S = 0.5  # seconds of untimed work before a GPU probe
+GPU_WARMUP_S = 2.0  # seconds of untimed GEMMs before a GPU probe: clocks ramp up
+STABLE_PERCENT = 3.0  # two probes further apart than this: the ceiling is not trusted
+# (m, k, n) of the products the matmul probe times; it reports the best median.
+MATMUL_SHAPES = {"cuda": ((8192, 8192, 8192), (16384, 8192, 4096), (4096, 8192, 16384)),
+                 "cpu": ((1024, 1024, 1024),)}
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-          "fp16": torch.float16}
 
 
 @contextlib.contextmanager
@@ -73,25 +78,44 @@ def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
 
 def measure_matmul_tflops(device, precision: str = "bf16", size: int | None = None,
                           warmup: int = 3, repeats: int = 20) -> float:
-    """Median TFLOP/s of a square `size`^3 matrix product (2*size^3 FLOPs).
+    """The matmul ceiling in TFLOP/s: the best median of MATMUL_SHAPES (see matmul_probe)."""
+    return matmul_probe(device, precision, size, warmup, repeats)["tflops"]
 
-    8192^3 on a GPU (about 1 ms of work at bf16: long enough that launch cost
-    vanishes, big enough to fill every compute unit); 1024^3 on a CPU.
+
+def matmul_probe(device, precision: str = "bf16", size: int | None = None, warmup: int = 3,
+                 repeats: int = 20) -> dict:
+    """{"tflops": best median over the shapes, "shapes": {"MxKxN": median TFLOP/s}}.
+
+    Each shape is an (m x k) @ (k x n) product, 2*m*k*n FLOPs, about 1-2 ms of
+    work at bf16 on a GPU: long enough that launch cost vanishes, big enough to
+    fill every compute unit. `size` times one square size^3 product instead.
     """
     device = torch.device(device)
-    if precision not in DTYPES:
-        raise ValueError(f"precision must be one of {', '.join(DTYPES)} (got {precision!r})")
-    n = size or (8192 if device.type == "cuda" else 1024)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+    shapes = ((size, size, size),) if size else MATMUL_SHAPES["cuda" if device.type == "cuda" else "cpu"]
     if device.type == "cpu":
         repeats = min(repeats, 5)
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=DTYPES[precision], generator=gen)
-    b = torch.randn(n, n, device=device, dtype=DTYPES[precision], generator=gen)
-    out = torch.empty(n, n, device=device, dtype=DTYPES[precision])
+    dtype, gen = PRECISIONS[precision].dtype, torch.Generator(device=device).manual_seed(0)
+    results = {}
     with _matmul_precision(precision):
-        ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats,
-                       warmup_s=_warmup_s(device))
-    return 2 * n ** 3 / (ms / 1000) / 1e12
+        for i, (m, k, n) in enumerate(shapes):
+            a = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
+            b = torch.randn(k, n, device=device, dtype=dtype, generator=gen)
+            out = torch.empty(m, n, device=device, dtype=dtype)
+            # The first shape carries the long warm-up (clocks); later ones a short one (kernels).
+            ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats,
+                           warmup_s=_warmup_s(device) if i == 0 else _warmup_s(device) / 8)
+            results[f"{m}x{k}x{n}"] = 2 * m * k * n / (ms / 1000) / 1e12
+            del a, b, out
+    return {"tflops": max(results.values()), "shapes": results}
+
+
+def spread_percent(first: float | None, second: float | None) -> float | None:
+    """How far apart two probes of the same ceiling are, in % of the larger."""
+    if not first or not second:
+        return None
+    return abs(first - second) / max(first, second) * 100
 
 
 def measure_copy_gbs(device, nbytes: int | None = None, warmup: int = 3,

@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
 
-from .config import PRESETS, ModelConfig
+from .config import PRECISIONS, PRESETS, REFERENCE_VERSION, RunSettings, reference_weights
 from .errors import UsageError, WorkshopError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+# Steps of a run when --num-steps is not given. Kernels running in Triton's CPU
+# interpreter take seconds a step: their default run lasts about a minute.
+DEFAULT_NUM_STEPS = 50
+INTERPRETER_NUM_STEPS = 12
+DEFAULT_WARMUP_STEPS = 5
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,47 +28,25 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
-@dataclass
-class RunSettings:
-    version: str
-    model: ModelConfig
-    preset: str | None
-    batch_size: int
-    seq_len: int
-    num_steps: int
-    warmup_steps: int
-    learning_rate: float
-    precision: str | None  # None = pick the default for the device
-    device: str
-    seed: int
-    deterministic: bool
-    data: str
-    data_path: str | None
-    grad_checkpoint: bool
-    grad_accum: int
-    compile: bool
-    compile_mode: str
-    optimizer: str
-    measure_peak: bool
-    output: str | None
-    quiet: bool
-    log_every: int
-    profile: str | None = None
-    profile_dir: str | None = None
-    fsdp: bool = False
-    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see harness/distributed.py
-    ddp_comm_hook: str = "none"
-    compile_ddp: str = "split"
-    ddp_static_graph: bool = False
-    fsdp_reshard_after_forward: bool = True
-    command: str = ""
-    options: dict = field(default_factory=dict)
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" only where there is a real default to show: not for
+    switches (off unless given) nor for values the preset or device decides."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def default_warmup(num_steps: int) -> int:
+    """Warm-up steps excluded from timing: 5, or fewer so that half the steps are timed."""
+    return min(DEFAULT_WARMUP_STEPS, num_steps // 2)
 
 
 def build_parser(version: str, description: str, add_arguments=None,
                  default_optimizer: str = "default") -> argparse.ArgumentParser:
     p = OneLineParser(prog=os.path.basename(sys.argv[0]) or version, description=description,
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                      formatter_class=HelpFormatter)
     m = p.add_argument_group("model size (override the preset)")
     m.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="size preset: tiny (CPU seconds), small, medium, large; "
@@ -82,10 +64,14 @@ def build_parser(version: str, description: str, add_arguments=None,
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, help="sequences per step (default from preset)")
     t.add_argument("--seq-len", type=int, help="tokens per sequence (default from preset)")
-    t.add_argument("--num-steps", type=int, default=50, help="total steps, warm-up included")
-    t.add_argument("--warmup-steps", type=int, default=5, help="steps excluded from timing")
+    t.add_argument("--num-steps", type=int, default=None,
+                   help=f"total steps, warm-up included (default: {DEFAULT_NUM_STEPS}; "
+                        f"{INTERPRETER_NUM_STEPS} where Triton runs in its CPU interpreter)")
+    t.add_argument("--warmup-steps", type=int, default=None,
+                   help=f"steps excluded from timing (default: {DEFAULT_WARMUP_STEPS}, "
+                        f"at most half of --num-steps)")
     t.add_argument("--learning-rate", type=float, default=3e-4)
-    t.add_argument("--precision", choices=PRECISIONS, default=None,
+    t.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
                    help="default: bf16 on GPUs that support it (fp16 otherwise), fp32 on CPU")
     t.add_argument("--grad-checkpoint", action="store_true",
                    help="recompute each block's activations in backward to save memory")
@@ -97,7 +83,8 @@ def build_parser(version: str, description: str, add_arguments=None,
                    help="torch.compile mode; reduce-overhead adds CUDA/HIP graphs")
     t.add_argument("--optimizer", choices=("default", "foreach", "fused", "master"),
                    default=default_optimizer,
-                   help="AdamW implementation: torch's default, foreach (multi-tensor), "
+                   help="AdamW implementation, the same default in every version: torch's "
+                        "default, foreach (multi-tensor), "
                         "fused (one kernel) or master (bf16 only: linear layers' weights stored "
                         "in bf16, fp32 master copies in the optimizer - same maths as autocast "
                         "without its per-step weight casts; harness/master_weights.py)")
@@ -134,7 +121,9 @@ def build_parser(version: str, description: str, add_arguments=None,
                                        "(default: the Python standard library's sources)")
     r.add_argument("--measure-peak", action="store_true",
                    help="measure this device's matmul peak and compute MFU against it")
-    r.add_argument("--output", help="results JSON path (default: results/<version>_<preset>.json)")
+    r.add_argument("--output", help="results JSON path (default: results/<version>_<preset>"
+                                     "[_<mode and switches>].json, or <profile-dir>/results.json "
+                                     "with --profile)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter", "window"),
@@ -149,8 +138,15 @@ def build_parser(version: str, description: str, add_arguments=None,
     return p
 
 
-def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) -> RunSettings:
+def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
+                       interpreted: bool = False) -> RunSettings:
+    """interpreted: this version's kernels run in Triton's CPU interpreter (seconds a
+    step), so the default run is shorter."""
     import torch  # late: `--help` must not pay for importing torch
+
+    num_steps = args.num_steps if args.num_steps is not None else (
+        INTERPRETER_NUM_STEPS if interpreted else DEFAULT_NUM_STEPS)
+    warmup_steps = args.warmup_steps if args.warmup_steps is not None else default_warmup(num_steps)
 
     preset_name = args.preset or ("small" if torch.cuda.is_available() and args.device != "cpu"
                                   else "tiny")
@@ -176,9 +172,9 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         (seq_len <= model.max_seq_len,
          f"--seq-len {seq_len} is above the model's max_seq_len {model.max_seq_len} "
          f"(raise --max-seq-len)"),
-        (args.num_steps > 0, f"--num-steps must be > 0 (got {args.num_steps})"),
-        (0 <= args.warmup_steps < args.num_steps,
-         f"--warmup-steps must be >= 0 and below --num-steps ({args.warmup_steps} vs {args.num_steps})"),
+        (num_steps > 0, f"--num-steps must be > 0 (got {num_steps})"),
+        (0 <= warmup_steps < num_steps,
+         f"--warmup-steps must be >= 0 and below --num-steps ({warmup_steps} vs {num_steps})"),
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
         (args.grad_accum > 0, f"--grad-accum must be > 0 (got {args.grad_accum})"),
         (args.log_every > 0, f"--log-every must be > 0 (got {args.log_every})"),
@@ -192,8 +188,8 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
 
     return RunSettings(
         version=version, model=model, preset=preset_name if not overrides else None,
-        batch_size=batch_size, seq_len=seq_len, num_steps=args.num_steps,
-        warmup_steps=args.warmup_steps, learning_rate=args.learning_rate,
+        batch_size=batch_size, seq_len=seq_len, num_steps=num_steps,
+        warmup_steps=warmup_steps, learning_rate=args.learning_rate,
         precision=args.precision, device=args.device, seed=args.seed,
         deterministic=args.deterministic, data=args.data, data_path=args.data_path,
         grad_checkpoint=args.grad_checkpoint, grad_accum=args.grad_accum,
@@ -206,24 +202,82 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str]) 
         command=" ".join(["python", sys.argv[0], *argv]))
 
 
+# Run-control flags that never change what a run measures: left out of result names.
+NAME_IGNORES = {"preset", "output", "quiet", "log_every", "profile", "profile_dir", "device",
+                "num_steps", "warmup_steps", "seed", "data_path", "measure_peak"}
+
+
+def default_output(settings: RunSettings, parser: argparse.ArgumentParser,
+                   args: argparse.Namespace) -> str:
+    """Where a run's results go when --output is not given.
+
+    A profiled run writes into its profiler's folder (profiles/<version>/<tool>/),
+    so a slowed-down run never replaces a benchmark result. Any other run writes
+    results/<version>_<preset>[_<flag>...].json: each flag that differs from its
+    default (compile mode, precision, version switches, ...) is part of the name,
+    so an ablation does not overwrite the baseline run. The same command run
+    twice writes the same file: the newer run replaces the older one.
+    """
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    if settings.profile:
+        base = Path(settings.profile_dir) if settings.profile_dir else repo / "profiles" / settings.version
+        return str(base / settings.profile / "results.json")
+    parts = [settings.version, settings.preset or "custom"]
+    for action in parser._actions:
+        dest = action.dest
+        if dest in NAME_IGNORES or not action.option_strings or dest == "help":
+            continue
+        value = getattr(args, dest, None)
+        if value is None or value == action.default:
+            continue
+        flag = action.option_strings[-1].lstrip("-")
+        if value is True:
+            parts.append(flag)
+        elif value is False:
+            parts.append(f"no-{flag}" if not flag.startswith("no-") else flag)
+        else:
+            parts.append(f"{flag}-{value}")
+    name = "_".join(parts).replace("/", "-").replace(" ", "")
+    return str(repo / "results" / f"{name}.json")
+
+
+INTERPRETER_NOTE = ("{version}: no GPU: the Triton kernels run in Triton's CPU interpreter, a "
+                    "correctness demo taking seconds a step ({steps} steps; the first progress "
+                    "line estimates the time left; --num-steps to change)")
+
+
 def main(version: str, build_model, *, description: str = "", add_arguments=None,
-         model_options=None, init_from_v1: bool = True, default_optimizer: str = "default",
+         model_options=None, preflight=None, init_from_v1: bool = True,
+         default_optimizer: str = "default", interpreted: bool = False,
          argv: list[str] | None = None) -> int:
     """Parse flags, train, write results. Returns the process exit code.
 
     build_model(config, **options) -> nn.Module whose forward(ids) returns logits.
     model_options(args) -> dict of version switches passed to build_model and
-    recorded in the results. init_from_v1: start from V1's weights (same seed),
-    so every version trains the very same model.
+    recorded in the results. preflight(args, run) -> dict: the version's one-time
+    checks before training (run is a harness.trainer.Preflight: settings, device,
+    precision); its dict joins the options. init_from_v1: start from V1's weights
+    (same seed), so every version trains the very same model. interpreted: the
+    version's kernels run in Triton's CPU interpreter here (a shorter default
+    run, and a notice at start).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(version, description, add_arguments, default_optimizer)
         args = parser.parse_args(argv)
-        settings = settings_from_args(version, args, argv)
+        settings = settings_from_args(version, args, argv, interpreted=interpreted)
         settings.options = dict(model_options(args)) if model_options else {}
+        if preflight is not None:
+            from .trainer import Preflight  # late import keeps --help fast
+            settings.options.update(preflight(args, Preflight(settings)))
+        settings.output = settings.output or default_output(settings, parser, args)
+        if interpreted and not settings.quiet:
+            print(INTERPRETER_NOTE.format(version=version, steps=settings.num_steps), flush=True)
         from .trainer import run  # late import keeps --help fast
-        run(settings, build_model, init_from_v1=init_from_v1)
+        start_from_reference = init_from_v1 and version != REFERENCE_VERSION
+        run(settings, build_model, reference_weights if start_from_reference else None)
         return 0
     except WorkshopError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,12 +1,18 @@
-"""Model configuration and size presets shared by every version.
+"""The facts every part of the workshop shares, each written once: the model
+configuration and size presets, the versions, the precisions and the settings
+of one training run.
 
 All four versions build the *same* model from a `ModelConfig`; only the
 implementation of its operations changes from version to version.
+
+This module imports no torch (the command line's `--help` stays fast) and no
+version: a version is loaded by its module name, only when it is needed.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
 
 from .errors import UsageError
 
@@ -90,3 +96,121 @@ PRESETS: dict[str, Preset] = {
                                 num_kv_heads=8, max_seq_len=2048),
                     batch_size=8, seq_len=2048, description="fills a 64+ GiB GPU (~1 B params)"),
 }
+
+
+# ---------------------------------------------------------------- versions
+@dataclass(frozen=True)
+class Version:
+    name: str    # what results, tables and --version flags call it: "v1"
+    folder: str  # "version1_baseline"
+    stem: str    # the script's file name without .py: "tiny_llama_v1"
+    adds: str    # the one idea this version adds
+
+    @property
+    def module(self) -> str:
+        """Import path: "version1_baseline.tiny_llama_v1"."""
+        return f"{self.folder}.{self.stem}"
+
+    @property
+    def script(self) -> str:
+        """Path from the repository root: "version1_baseline/tiny_llama_v1.py"."""
+        return f"{self.folder}/{self.stem}.py"
+
+
+VERSIONS: dict[str, Version] = {v.name: v for v in (
+    Version("v1", "version1_baseline", "tiny_llama_v1", "plain PyTorch, written to be read: the baseline"),
+    Version("v2", "version2_fused", "tiny_llama_v2", "fused projections and ops, torch.compile"),
+    Version("v3", "version3_triton", "tiny_llama_v3", "Triton RMSNorm, RoPE and flash attention"),
+    Version("v4", "version4_sdpa", "tiny_llama_v4", "PyTorch SDPA (vendor flash kernels), CUDA/HIP graphs"),
+)}
+
+# Every other version starts from this version's weights: same model, same parameters.
+REFERENCE_VERSION = "v1"
+
+
+def load_version(name: str):
+    """Import a version's module (KeyError: no such version; ModuleNotFoundError: not here)."""
+    return importlib.import_module(VERSIONS[name].module)
+
+
+def reference_weights(config: ModelConfig, seed: int) -> dict:
+    """The reference version's initial weights for `config` under `seed`.
+
+    The trainer is handed this function: it never imports a version itself.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    return load_version(REFERENCE_VERSION).build_model(config).state_dict()
+
+
+# ---------------------------------------------------------------- precisions
+@dataclass(frozen=True)
+class Precision:
+    """One --precision choice: the dtype of the matmul operands, what one value
+    of an activation costs in memory, and whether the forward runs under autocast."""
+    dtype_name: str  # a torch dtype, by name (torch is imported only when asked)
+    bytes: int
+    autocast: bool   # True: parameters stay fp32, autocast computes in `dtype`
+
+    @property
+    def dtype(self):
+        import torch
+        return getattr(torch, self.dtype_name)
+
+    @property
+    def autocast_dtype(self):
+        """The dtype torch.autocast computes in, or None for a plain fp32/tf32 run."""
+        return self.dtype if self.autocast else None
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision("float32", 4, autocast=False),
+    # tf32: fp32 storage, matrix units with a 10-bit mantissa for the matmuls.
+    "tf32": Precision("float32", 4, autocast=False),
+    "bf16": Precision("bfloat16", 2, autocast=True),
+    "fp16": Precision("float16", 2, autocast=True),
+}
+
+
+# ---------------------------------------------------------------- one run
+@dataclass
+class RunSettings:
+    """Everything one training run needs, built from the command line by harness/cli.py."""
+    version: str
+    model: ModelConfig
+    preset: str | None
+    batch_size: int  # sequences per micro-step on one device
+    seq_len: int
+    num_steps: int
+    warmup_steps: int
+    learning_rate: float
+    precision: str | None  # None = pick the default for the device
+    device: str
+    seed: int
+    deterministic: bool
+    data: str
+    data_path: str | None
+    grad_checkpoint: bool
+    grad_accum: int
+    compile: bool
+    compile_mode: str
+    optimizer: str
+    measure_peak: bool
+    output: str | None
+    quiet: bool
+    log_every: int
+    profile: str | None = None
+    profile_dir: str | None = None
+    fsdp: bool = False
+    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see harness/distributed.py
+    ddp_comm_hook: str = "none"
+    compile_ddp: str = "split"
+    ddp_static_graph: bool = False
+    fsdp_reshard_after_forward: bool = True
+    command: str = ""
+    options: dict = field(default_factory=dict)
+
+    def global_batch_size(self, world_size: int = 1) -> int:
+        """Sequences of one optimizer step over all ranks: what throughput and MFU count."""
+        return self.batch_size * self.grad_accum * world_size

@@ -52,11 +52,11 @@ class Batches:
     The stream is generated on the CPU with its own generator, so every version,
     device and precision sees exactly the same tokens for the same seed.
 
-    Data parallelism: every rank draws the *global* batch (batch_size x
-    world_size rows) from the same seeded generator and keeps only its own
-    slice of rows. Ranks see different data, and N ranks of batch B see exactly
-    the tokens of one process with batch N*B - which is what lets a test check
-    that DDP computes the same losses as a single process.
+    Data parallelism: every rank draws the *global* batch (global_batch_size =
+    batch_size x world_size sequences) from the same seeded generator and keeps
+    only its own slice of it. Ranks see different data, and N ranks of batch
+    size B see exactly the tokens of one process of batch size N*B - which is
+    what lets a test check that DDP computes the same losses as a single process.
     """
 
     def __init__(self, kind: str, vocab_size: int, batch_size: int, seq_len: int,
@@ -65,8 +65,8 @@ class Batches:
             raise UsageError(f"rank {rank} is outside world size {world_size}")
         self.kind, self.vocab_size = kind, vocab_size
         self.batch_size, self.seq_len = batch_size, seq_len
-        self.rows = slice(rank * batch_size, (rank + 1) * batch_size)
-        self.global_batch = batch_size * world_size
+        self.own_slice = slice(rank * batch_size, (rank + 1) * batch_size)
+        self.global_batch_size = batch_size * world_size
         self.generator = torch.Generator().manual_seed(seed * 1000003)
         if kind == "text":
             if vocab_size < BYTE_VOCAB:
@@ -80,10 +80,10 @@ class Batches:
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         window = self.seq_len + 1
         if self.kind == "synthetic":
-            chunk = torch.randint(0, self.vocab_size, (self.global_batch, window),
-                                  generator=self.generator)[self.rows]
+            chunk = torch.randint(0, self.vocab_size, (self.global_batch_size, window),
+                                  generator=self.generator)[self.own_slice]
         else:
-            starts = torch.randint(0, len(self.tokens) - window, (self.global_batch,),
-                                   generator=self.generator)[self.rows]
+            starts = torch.randint(0, len(self.tokens) - window, (self.global_batch_size,),
+                                   generator=self.generator)[self.own_slice]
             chunk = torch.stack([self.tokens[s:s + window] for s in starts.tolist()])
         return chunk[:, :-1], chunk[:, 1:]

@@ -47,11 +47,10 @@ import torch
 
 from . import device as dev
 from . import measure
-from .cli import RunSettings
+from .config import PRECISIONS, RunSettings
 from .errors import UsageError
 
 BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm is timed in these
-COMM_HOOK_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --ddp-comm-hook
 # Knobs that only one wrapper reads, with their flags: asking for one that will not
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
@@ -256,7 +255,7 @@ class DataParallel(SingleProcess):
 
         try:
             # One tiny all-reduce in the wire type now (every rank does it together).
-            self.dist.all_reduce(torch.zeros(1, dtype=COMM_HOOK_DTYPES[self.comm_hook],
+            self.dist.all_reduce(torch.zeros(1, dtype=PRECISIONS[self.comm_hook].dtype,
                                              device=self.device))
             hook = getattr(default_hooks, f"{self.comm_hook}_compress_hook")
             ddp.register_comm_hook(None, hook)  # None: the default (whole-world) group
@@ -344,7 +343,9 @@ class DataParallel(SingleProcess):
         """
         n = self.world_size
         ddp = self.kind == "ddp"
-        wire = COMM_HOOK_DTYPES.get(self.comm_hook, self.gradient_dtype) if ddp else torch.float32
+        hooked = ddp and self.comm_hook != "none"  # --ddp-comm-hook names a precision
+        wire = (PRECISIONS[self.comm_hook].dtype if hooked else
+                self.gradient_dtype if ddp else torch.float32)
         # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
         held = (self.gradient_dtype if ddp else torch.float32).itemsize
         numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))

@@ -39,16 +39,17 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     return 6 * matmul_params(cfg) + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
 
 
-def forward_flops(cfg: ModelConfig, batch: int, seq_len: int) -> int:
-    return model_flops_per_token(cfg, seq_len) * batch * seq_len // 3
+def forward_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+    return model_flops_per_token(cfg, seq_len) * batch_size * seq_len // 3
 
 
-def step_flops(cfg: ModelConfig, batch: int, seq_len: int) -> int:
-    return model_flops_per_token(cfg, seq_len) * batch * seq_len
+def step_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+    return model_flops_per_token(cfg, seq_len) * batch_size * seq_len
 
 
-def attention_kernel_flops(cfg: ModelConfig, batch: int, seq_len: int, causal: bool = True) -> dict:
-    fwd = 4 * batch * cfg.num_heads * seq_len * seq_len * cfg.head_dim * cfg.num_layers
+def attention_kernel_flops(cfg: ModelConfig, batch_size: int, seq_len: int,
+                           causal: bool = True) -> dict:
+    fwd = 4 * batch_size * cfg.num_heads * seq_len * seq_len * cfg.head_dim * cfg.num_layers
     if causal:
         fwd //= 2
     return {"forward": fwd, "backward": int(2.5 * fwd), "causal": causal}

@@ -5,9 +5,9 @@
 Under autocast every linear layer keeps an fp32 weight and casts it to bf16 on
 every call (torch.compile may keep that copy for backward or cast again), and
 every weight gradient, computed in bf16, is widened to fp32 before it reaches
-`.grad`. Passes over every weight that do no arithmetic: ~0.8 ms of `_to_copy`
-kernels in a 20 ms medium-preset step on an H200; removing them saved 0.55 ms
-(docs/PERFORMANCE.md, "Fourth session").
+`.grad`. Passes over every weight that do no arithmetic: a few percent of a
+compiled medium-preset step, which the "master weights" rows of docs/RESULTS.md
+measure.
 
 Here the model holds the bf16 copy and the optimizer holds the fp32 "master"
 copy (mixed-precision training, Micikevicius et al., 2018). One compiled update

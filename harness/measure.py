@@ -19,8 +19,15 @@ def summarize(samples_ms: list[float]) -> dict:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: what follows is measured, not what came before it."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 to clear_refs resets this process's peak RSS (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak is the whole process's
 
 
 def peak_memory(device: torch.device) -> dict:
@@ -28,9 +35,26 @@ def peak_memory(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"peak_allocated_mb": torch.cuda.max_memory_allocated(device) / mb,
                 "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / mb}
+    # VmHWM is this process's own peak RSS since reset_peak_memory. ru_maxrss is
+    # not: a child process inherits its parent's, and it is never reset.
+    hwm_kb = _proc_status_kb("VmHWM")
+    if hwm_kb is not None:
+        return {"peak_rss_mb": hwm_kb / 1024}
     # ru_maxrss is KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_rss_mb": rss / (mb if sys.platform == "darwin" else 1024)}
+
+
+def _proc_status_kb(field: str) -> int | None:
+    """A 'kB' field of /proc/self/status (Linux), or None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_gradient_flow(model: torch.nn.Module) -> int:
@@ -40,15 +64,20 @@ def check_gradient_flow(model: torch.nn.Module) -> int:
     autograd.Function silently cuts the graph: everything before it gets no
     gradient, backward becomes nearly free, and the 'speed-up' is fake. This
     check, run after the first step, makes that impossible to miss.
-    Returns the number of parameters checked.
+
+    A fused parameter (V2-V4's qkv_proj stacks V1's q, k and v weights) is
+    checked piece by piece in V1's layout (the model's `to_v1_layout`), so a
+    zero gradient for the whole k slice fails here exactly as it does in V1.
+    Returns the number of gradients checked (in V1's layout where there is one).
     """
-    missing, bad = [], []
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    for name, p in params:
-        if p.grad is None:
-            missing.append(name)
-        elif not bool(torch.isfinite(p.grad).all()) or not bool(p.grad.abs().sum() > 0):
-            bad.append(name)
+    missing = [name for name, p in params if p.grad is None]
+    grads = {name: p.grad for name, p in params if p.grad is not None}
+    if hasattr(model, "to_v1_layout"):
+        grads = model.to_v1_layout(grads)
+    bad = [name for name, g in grads.items()
+           if not bool(torch.isfinite(g).all()) or not bool(g.abs().sum() > 0)]
+    checked = len(missing) + len(grads)
     if missing or bad:
         parts = []
         if missing:
@@ -58,7 +87,7 @@ def check_gradient_flow(model: torch.nn.Module) -> int:
             parts.append(f"{len(bad)} have zero or non-finite gradients ({_some(bad)})")
         raise GradientFlowError("gradient-flow guard: " + "; ".join(parts) +
                                 " - is the autograd graph cut by a kernel without backward?")
-    return len(params)
+    return checked
 
 
 def _some(names: list[str], shown: int = 4) -> str:

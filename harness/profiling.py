@@ -22,8 +22,13 @@ counters slow the step they watch, and warm-up steps are not timed.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -198,6 +203,7 @@ class FlopCountingSession(Session):
     """Shared by FlopCounterMode and DeepSpeed: count one step, compare, report."""
 
     counts = "training step"  # what the tool counts, in words
+    scope = "step"  # the same, as a stable key: "step" (forward + backward) or "forward"
     fraction = 1.0  # of a training step the tool counts (DeepSpeed: the forward, 1/3)
 
     def __init__(self, settings, device, model):
@@ -249,7 +255,7 @@ class FlopCountingSession(Session):
         ratio = counted / analytic if analytic else None
         self.notes.extend(self.explain(counted, analytic))
         data = {"tool": self.kind, "counted_step": self.first, "counts": self.counts,
-                "counted_flops": counted, "analytic_flops": analytic,
+                "scope": self.scope, "counted_flops": counted, "analytic_flops": analytic,
                 "ratio": ratio, "by_op": self.by_op, **self.extra,
                 "analytic_convention": result["flops"]["convention"], "notes": self.notes}
         self.write_json("flops.json", data)
@@ -261,7 +267,8 @@ class FlopCountingSession(Session):
         for note in self.notes:
             self.say(f"  note: {note}")
         self.say(f"  -> {self.files['flops']}")
-        return {"counted_flops": counted, "analytic_flops": analytic, "ratio": ratio}
+        return {"tool": self.kind, "scope": self.scope, "counted_flops": counted,
+                "analytic_flops": analytic, "ratio": ratio}
 
 
 class FlopCounterSession(FlopCountingSession):
@@ -280,23 +287,61 @@ class FlopCounterSession(FlopCountingSession):
         self.by_op = {str(op): int(n) for op, n in self.mode.get_flop_counts()["Global"].items()}
 
 
+def import_flops_profiler(device: torch.device):
+    """DeepSpeed's FlopsProfiler class, and what DeepSpeed printed while it was imported.
+
+    Importing DeepSpeed picks an "accelerator" and logs it; where it finds no GPU it
+    warns "Setting accelerator to CPU ..." into the attendee's output. Naming the
+    accelerator in DS_ACCELERATOR (DeepSpeed calls ROCm "cuda" too) skips that
+    detection, and whatever DeepSpeed still prints or warns during the import is
+    returned, to be kept in flops.json, instead of shown.
+    """
+    accelerator = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}.get(device.type)
+    if accelerator:
+        os.environ.setdefault("DS_ACCELERATOR", accelerator)
+    held = io.StringIO()
+    with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from deepspeed.profiling.flops_profiler import FlopsProfiler
+    # DeepSpeed's logger got its handler during the import, writing to `held`: point it
+    # back at the console, so that warnings during the run are seen.
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        if getattr(handler, "stream", None) is held:
+            handler.setStream(sys.stdout)
+    said = held.getvalue().splitlines() + [f"{w.category.__name__}: {w.message}" for w in caught]
+    return FlopsProfiler, [line for line in said if line.strip()]
+
+
 class DeepSpeedSession(FlopCountingSession):
+    """DeepSpeed's FLOPS profiler over one step.
+
+    How it counts: while profiling, it replaces torch.nn.functional's functions
+    (linear, softmax, silu, scaled_dot_product_attention, ...) and torch.matmul,
+    mm, bmm, add, mul, ... with Python wrappers that compute each call's FLOPs and
+    MACs from its arguments. Forward hooks on every module open a tally when the
+    module's forward starts and add it to that module when it ends; a call made
+    outside any module's forward (the loss, backward in autograd's engine, the
+    optimizer) is not counted. So the hooks see every module, but the FLOPs come
+    only from the wrapped functions: a custom kernel - V3's Triton flash
+    attention, RMSNorm and RoPE, launched from an autograd.Function - runs inside
+    a hooked module yet calls none of them, and counts 0.
+    """
+
     kind = "deepspeed"
-    counts = "forward only (DeepSpeed hooks modules; training is ~3x forward)"
+    counts = "forward only (DeepSpeed counts inside module forwards; training is ~3x forward)"
+    scope = "forward"
     fraction = 1 / 3
 
     def __init__(self, settings, device, model):
-        if device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # skip accelerator auto-detection
         try:
-            from deepspeed.profiling.flops_profiler import FlopsProfiler
+            self.profiler_class, self.startup = import_flops_profiler(device)
         except Exception as e:  # not installed, or a broken install
             reason = "not installed" if isinstance(e, ModuleNotFoundError) else \
                 f"failed to import ({type(e).__name__}: {str(e).splitlines()[0][:100]})"
             raise UsageError(f"--profile deepspeed needs DeepSpeed, which is {reason}: "
                              f"pip install 'deepspeed==0.19.*' (its FLOPS profiler needs no compiled "
                              f"ops), or use --profile flopcounter, built into PyTorch") from None
-        self.profiler_class = FlopsProfiler
         super().__init__(settings, device, model)
 
     def _begin(self) -> None:
@@ -310,12 +355,39 @@ class DeepSpeedSession(FlopCountingSession):
         self.profiler.print_model_profile(profile_step=self.first, module_depth=2, top_modules=3,
                                           detailed=True, output_file=str(report))
         self.extra = {"macs": int(self.profiler.get_total_macs()),
-                      "params": int(self.profiler.get_total_params())}
+                      "params": int(self.profiler.get_total_params()),
+                      "startup_messages": self.startup}
         self.profiler.end_profile()
         self.files["report"] = str(report)
-        self.notes.append("DeepSpeed also counts elementwise work (norms, activations, softmax), "
-                          "which the analytic model leaves out; its module latencies are "
-                          "inflated by a synchronize around every module")
+        self.notes.append("DeepSpeed's module latencies (deepspeed_profile.txt) are inflated by a "
+                          "synchronize around every module")
+        if self.startup:
+            self.say(f"DeepSpeed printed {len(self.startup)} line(s) while importing: "
+                     f"kept in flops.json, 'startup_messages'")
+
+    def explain(self, counted: int, analytic: int) -> list[str]:
+        """Split the count into matrix products (2 FLOPs per MAC) and the rest."""
+        matmul = 2 * self.extra["macs"]
+        notes = [f"matrix products: {matmul:,} FLOPs (2 x MACs) vs analytic {analytic:,}; "
+                 f"the other {counted - matmul:,} counted FLOPs are elementwise calls DeepSpeed "
+                 "wraps (F.silu, F.softmax, torch.add, ...; not the * and + operators), which the "
+                 "formula leaves out"]
+        missing, attention = analytic - matmul, self.attention_share()
+        if missing > 0.01 * analytic and abs(missing - attention) <= 0.01 * attention:
+            notes.append(
+                f"the missing {missing / 1e9:.4f} GFLOP are exactly attention's QK^T and PV "
+                "products: DeepSpeed counts only calls to the torch functions it wraps; a Triton "
+                "kernel launched from an autograd.Function calls none of them, so its module is "
+                "hooked but counts 0 (V3's flash attention; its Triton RMSNorm and RoPE count 0 "
+                "too, which only removes elementwise FLOPs)")
+        elif missing > 0.01 * analytic:
+            notes.append("counted less than the analytic model: custom kernels (Triton launches, "
+                         "C++ extensions) bypass the torch functions DeepSpeed wraps and count 0")
+        elif matmul > analytic * 1.01:
+            notes.append("counted more than the analytic model"
+                         + (": --grad-checkpoint recomputes the forward pass in backward"
+                            if self.settings.grad_checkpoint else ""))
+        return notes
 
 
 # ----------------------------------------------------------------- external profilers

@@ -78,6 +78,9 @@ def write_atomic(path: str | os.PathLike, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file readable by its owner only; a results file is
+        # an ordinary file, readable like any other the user writes (umask applies).
+        os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             json.dump(result, f, indent=2, sort_keys=False)
             f.write("\n")
@@ -86,6 +89,12 @@ def write_atomic(path: str | os.PathLike, result: dict) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read the umask is to set it
+    os.umask(mask)
+    return mask
 
 
 def load(path: str | os.PathLike) -> dict:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib
+import functools
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -12,10 +13,11 @@ import torch
 from . import data as data_mod
 from . import device as dev
 from . import distributed, flops, master_weights, measure, results
-from .cli import RunSettings
+from .config import PRECISIONS, RunSettings
 from .errors import NonFiniteLoss, OutOfMemory, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PROGRESS_EVERY_S = 10.0  # slow runs (a CPU, the Triton interpreter) print at least this often
 
 
 # ---------------------------------------------------------------- precision
@@ -42,21 +44,52 @@ def configure_matmul_precision(precision: str) -> None:
 
 
 def autocast_for(precision: str, device: torch.device):
-    if precision in ("bf16", "fp16"):
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = PRECISIONS[precision].autocast_dtype
+    if dtype is not None:
         return torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext()
 
 
+# ---------------------------------------------------------------- pre-flight
+class Preflight:
+    """What a version's one-time pre-flight check sees before training starts:
+    the run's settings, the device it trains on and the precision it trains in.
+
+    A version hands the harness a `preflight(args, run)` function (a probe of
+    which kernel runs, a check of forced launch configurations); the harness
+    calls it once, and what it returns joins the model options. Device and
+    precision are worked out on first use, so a check that needs neither
+    refuses a run before they are.
+    """
+
+    def __init__(self, settings: RunSettings):
+        self.settings = settings
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        return dev.resolve_device(self.settings.device)
+
+    @functools.cached_property
+    def precision(self) -> str:
+        return choose_precision(self.settings.precision, self.device)
+
+    @property
+    def bytes_per_value(self) -> int:
+        """Bytes of one activation value in this run's precision."""
+        return PRECISIONS[self.precision].bytes
+
+    def autocast(self):
+        return autocast_for(self.precision, self.device)
+
+
 # ---------------------------------------------------------------- model
-def build(settings: RunSettings, build_model, init_from_v1: bool) -> torch.nn.Module:
+def build(settings: RunSettings, build_model, reference_weights=None) -> torch.nn.Module:
+    """The model, starting from `reference_weights(config, seed)` when given:
+    same model, same parameters as the reference version."""
     torch.manual_seed(settings.seed)
     model = build_model(settings.model, **settings.options)
-    if init_from_v1 and settings.version != "v1":
-        # Same model, same parameters: start every version from V1's weights.
-        v1 = importlib.import_module("version1_baseline.tiny_llama_v1")
-        torch.manual_seed(settings.seed)
-        model.load_state_dict(v1.build_model(settings.model).state_dict())
+    if reference_weights is not None:
+        model.load_state_dict(reference_weights(settings.model, settings.seed))
     return model
 
 
@@ -121,10 +154,12 @@ def nvtx_range(name: str, enabled: bool):
 
 
 # ---------------------------------------------------------------- loop
-def run(settings: RunSettings, build_model, init_from_v1: bool = True) -> dict:
+def run(settings: RunSettings, build_model, reference_weights=None) -> dict:
+    """Train one run. reference_weights(config, seed) -> state dict the model starts
+    from (harness.config.reference_weights: V1's), or None for the model's own init."""
     ctx = distributed.setup(settings)
     try:
-        return _run(settings, build_model, init_from_v1, ctx)
+        return _run(settings, build_model, reference_weights, ctx)
     except torch.cuda.OutOfMemoryError:
         # Outside the training loop (moving the model, --measure-peak): the loop
         # itself reports OOM with the peak it reached.
@@ -135,7 +170,7 @@ def run(settings: RunSettings, build_model, init_from_v1: bool = True) -> dict:
         ctx.close()
 
 
-def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
+def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
     device = ctx.device if ctx.device is not None else dev.resolve_device(settings.device)
     precision = choose_precision(settings.precision, device)
     configure_matmul_precision(precision)
@@ -147,7 +182,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     output = Path(settings.output or REPO_ROOT / "results" /
                   f"{settings.version}_{settings.preset or 'custom'}.json")
 
-    model = base_model = build(settings, build_model, init_from_v1).to(device)
+    model = base_model = build(settings, build_model, reference_weights).to(device)
     if settings.grad_checkpoint:
         enable_grad_checkpointing(model)
     masters = None
@@ -181,7 +216,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
         + (f", world size {ctx.world_size}" if ctx.world_size > 1 else ""))
 
     # Tokens of one optimizer step over all ranks: what throughput and MFU count.
-    tokens_per_step = settings.batch_size * settings.seq_len * settings.grad_accum * ctx.world_size
+    tokens_per_step = settings.global_batch_size(ctx.world_size) * settings.seq_len
     clock_marks, losses_dev, losses = [], [], []
     checked_params = 0
     measure.reset_peak_memory(device)
@@ -210,6 +245,7 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
                                     f"(try a lower --learning-rate or --precision bf16/fp32)")
             losses.append(value)
 
+    last_line_at = time.monotonic()
     try:
         for step in range(settings.num_steps):
             clock = dev.StepClock(device)
@@ -241,9 +277,13 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
                 checked_params = ctx.check_gradient_flow(model)
             if profiler is not None:
                 profiler.step(step)
-            if (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps:
+            # Progress from the first step (with an estimate of the time left), then
+            # every --log-every steps, and at least every PROGRESS_EVERY_S seconds.
+            if (step == 0 or (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps
+                    or time.monotonic() - last_line_at > PROGRESS_EVERY_S):
                 drain(step)
                 say(_progress_line(step, settings, losses, clock_marks, tokens_per_step))
+                last_line_at = time.monotonic()
         dev.synchronize(device)
     except torch.cuda.OutOfMemoryError:
         peak = measure.peak_memory(device)
@@ -256,6 +296,9 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
         if settings.compile and _looks_like_compile_error(e):
             raise UsageError(f"torch.compile failed ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:160]}); run without --compile") from None
+        if "No available kernel" in str(e):  # SDPA restricted to a kernel that cannot run this
+            raise UsageError(f"no attention kernel can run this configuration "
+                             f"({str(e).splitlines()[0][:120]}): use --sdpa-backend auto") from None
         raise
 
     timing = _timing(clock_marks[settings.warmup_steps:], settings.grad_accum)
@@ -264,6 +307,9 @@ def _run(settings: RunSettings, build_model, init_from_v1: bool, ctx) -> dict:
     result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
                        tokens_per_step, measured_peak, ctx,
                        getattr(base_model, "run_warnings", ()))
+    # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
+    result["gradient_guard"]["layout"] = ("v1" if settings.version == "v1" or hasattr(base_model, "to_v1_layout")
+                                          else "model")
     if profiler is not None:
         profiler.finish(result)
     if ctx.is_main:
@@ -298,7 +344,16 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     recent = clocks[max(settings.warmup_steps, step + 1 - settings.log_every):step + 1]
     ms = measure.summarize([c.elapsed_ms("start", "end") for c in recent])["median"] if recent else None
     speed = f" | {ms:8.2f} ms/step | {tokens_per_step / ms * 1000:10,.0f} tok/s" if ms else " | warm-up"
-    return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}"
+    left = settings.num_steps - step - 1
+    step_ms = ms or clocks[step].elapsed_ms("start", "end")  # in warm-up: this step's own time
+    eta = f" | about {_duration(left * step_ms / 1000)} left" if left else ""
+    return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _assemble(settings, precision, device, losses, timing, memory, checked_params,
@@ -334,7 +389,7 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
                 "optimizer": settings.optimizer, "grad_checkpoint": settings.grad_checkpoint,
                 "grad_accum": settings.grad_accum, "deterministic": settings.deterministic,
                 "world_size": ctx.world_size, "parallel": ctx.kind,
-                "global_batch_size": settings.batch_size * settings.grad_accum * ctx.world_size,
+                "global_batch_size": settings.global_batch_size(ctx.world_size),
                 "tokens_per_step": tokens_per_step},
         "options": settings.options,
         "device": desc,
@@ -349,12 +404,24 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
                   "attention_kernel": flops.attention_kernel_flops(cfg, settings.batch_size, settings.seq_len),
                   "achieved_tflops": achieved},
         "mfu": {"value": achieved / peak_total if achieved and peak_total else None,
-                "peak_tflops": peak["tflops"], "peak_source": peak["source"]},
+                "peak_tflops": peak["tflops"], "peak_source": peak["source"],
+                # Against a measured ceiling (--measure-peak), the datasheet MFU stays beside it.
+                **(_datasheet_mfu(desc, precision, achieved, ctx.world_size) if measured_peak else {})},
         "memory": memory,
-        "gradient_guard": {"passed": True, "checked_params": checked_params},
+        # A failing guard stops the run (exit 5); one that never looked (0 gradients
+        # checked) has not passed: passed is null then, never true.
+        "gradient_guard": {"passed": True if checked_params else None,
+                           "checked_params": checked_params},
         "warnings": warnings,
         **({"distributed": ctx.extra} if ctx.extra else {}),
     }
+
+
+def _datasheet_mfu(desc: dict, precision: str, achieved, world_size: int) -> dict:
+    sheet = flops.peak_for(desc["name"], desc["arch"], precision)
+    total = sheet["tflops"] * world_size if sheet["tflops"] else None
+    return {"datasheet_value": achieved / total if achieved and total else None,
+            "datasheet_peak_tflops": sheet["tflops"]}
 
 
 def summary_line(r: dict) -> str:

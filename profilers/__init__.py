@@ -15,12 +15,21 @@ from . import kernel_table, ncu, nsys, rocprof_compute, rocprofv3, torch_profile
 from .kernel_table import KernelTable, ProfileParseError, categorize
 
 PARSERS = {"rocprofv3": rocprofv3.parse, "rocprof-compute": rocprof_compute.parse,
-           "ncu": ncu.parse, "nsys": nsys.parse, "pytorch": torch_profiler.parse}
+           "ncu": ncu.parse, "nsys": nsys.parse, "pytorch": torch_profiler.parse,
+           "kernel-table": kernel_table.read_csv}
+KERNEL_TABLE_HEADER = ",".join(kernel_table.COLUMNS)
 
 
 def _head(path: Path, lines: int = 30) -> list[str]:
     with path.open(errors="replace") as f:
         return [line for _, line in zip(range(lines), f)]
+
+
+def is_kernel_table(path) -> bool:
+    """A kernel table this package wrote (kernel_table.csv): read back as it is."""
+    path = Path(path)
+    return (path.is_file() and path.suffix == ".csv"
+            and _head(path, 1)[:1] == [KERNEL_TABLE_HEADER + "\n"])
 
 
 def detect(path) -> str:
@@ -36,10 +45,14 @@ def detect(path) -> str:
                 return tool
         if any(detect(f) == "ncu" for f in path.glob("*.csv") if f.name != "kernel_table.csv"):
             return "ncu"
+        if is_kernel_table(path / "kernel_table.csv"):
+            return "kernel-table"
         raise ProfileParseError(f"{path}: found no profiler output here")
     if not path.is_file():
         raise ProfileParseError(f"{path}: no such file or folder")
     name = path.name
+    if is_kernel_table(path):
+        return "kernel-table"
     if name.endswith(("kernel_trace.csv", "kernel_stats.csv")):
         return "rocprofv3"
     if name == "pmc_perf.csv":
@@ -62,6 +75,10 @@ def detect(path) -> str:
 
 
 def parse(path, tool: str | None = None) -> KernelTable:
+    if Path(path).is_dir() and detect(path) == "kernel-table":
+        path = Path(path) / "kernel_table.csv"
+    if is_kernel_table(path):
+        return kernel_table.read_csv(path)  # whichever tool made it, it is the common table
     tool = tool or detect(path)
     if tool not in PARSERS:
         raise ProfileParseError(f"unknown tool {tool!r} (one of {', '.join(PARSERS)})")

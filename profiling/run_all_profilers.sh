@@ -6,7 +6,7 @@
 #   profiling/run_all_profilers.sh v4 --only pytorch,ncu --args-for ncu "--launch-count 100"
 #
 # Detects the backend PyTorch will use (PROFILE_BACKEND=rocm|cuda|cpu overrides) and runs
-#   on any device  pytorch (PyTorch profiler), flopcounter, deepspeed (if installed)
+#   on any device  pytorch (PyTorch profiler), flopcounter, deepspeed (installed by setup/install.sh)
 #   on ROCm        rocprofv3, rocprof-sys, rocprof-compute
 #   on CUDA        ncu, nsys
 # each through its profiling/run_*.sh wrapper, on a few steps after warm-up.

@@ -6,8 +6,8 @@
 #
 #   flopcounter (default) torch.utils.flop_counter.FlopCounterMode, built into
 #               PyTorch: matmuls and attention, forward + backward
-#   deepspeed   DeepSpeed's FLOPS profiler (optional: pip install 'deepspeed==0.19.*'):
-#               forward only, elementwise work included
+#   deepspeed   DeepSpeed's FLOPS profiler (the 'profile' extra, which setup/install.sh
+#               installs with torch pinned): forward only, elementwise work included
 # Writes OUT/<counter>/flops.json (counted, analytic, ratio, per-op counts, notes).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -22,7 +22,7 @@ parse_args "$@"
 setup "$COUNTER" 6
 if [[ "$COUNTER" == deepspeed ]] &&
    ! "$PYTHON_BIN" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("deepspeed") is None)'; then
-    skip deepspeed "not found (pip install 'deepspeed==0.19.*'; never --only-binary, which picks a 2020 wheel)"
+    skip deepspeed "not found (bash setup/install.sh installs it, keeping torch; never pip --only-binary, which picks a 2020 wheel)"
 fi
 run_step "${APP[@]}" --profile "$COUNTER"
 expect_output "flops.json"

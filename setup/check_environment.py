@@ -88,6 +88,32 @@ def package_version(name: str) -> str | None:
 
 
 # ------------------------------------------------------------------ the checks
+def project_venv() -> Path:
+    return REPO / ".venv"
+
+
+def in_project_env() -> bool:
+    """Is this Python the project's .venv (activated, or called as .venv/bin/python)?"""
+    try:
+        return Path(sys.prefix).resolve() == project_venv().resolve()
+    except OSError:
+        return False
+
+
+def check_project_env() -> Check:
+    venv = project_venv()
+    if in_project_env():
+        return Check("environment", "ok", f"the project's environment ({venv})")
+    if (venv / "bin" / "python").exists():
+        return Check("environment", "warn",
+                     f"you are not in the project's environment: this is {sys.executable}, "
+                     f"the workshop is installed in {venv}",
+                     "`source .venv/bin/activate` (then `python ...`), or run scripts with "
+                     "`.venv/bin/python ...`")
+    return Check("environment", "info", f"no {venv} yet: `make workshop` (or `bash setup/install.sh`) "
+                                        f"creates it; this check uses {sys.executable}")
+
+
 def check_python() -> Check:
     v = sys.version_info
     text = f"Python {platform.python_version()} ({sys.executable})"
@@ -101,6 +127,9 @@ def check_torch(min_torch: str) -> Check:
     fix = (f"install torch >= {min_torch}: `bash setup/install.sh` (CPU), or from the PyTorch "
            f"index for your GPU, e.g. `pip install torch --index-url "
            f"https://download.pytorch.org/whl/rocm6.4` - see {INSTALL_DOC}")
+    if not in_project_env() and (project_venv() / "bin" / "python").exists():
+        fix = ("the workshop's torch is in .venv, and this is not .venv's Python: "
+               "`source .venv/bin/activate` and run the check again")
     try:
         import torch
     except Exception as e:  # missing, or a broken wheel (wrong Python, missing libs)
@@ -170,10 +199,11 @@ def check_sdpa() -> Check:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from harness import device as dev
+    from harness.config import PRECISIONS
+    from harness.trainer import choose_precision
 
     device = torch.device("cuda" if dev.backend() != "cpu" else "cpu")
-    dtype = torch.float32 if device.type == "cpu" else (
-        torch.bfloat16 if dev.supports_bf16(device) else torch.float16)
+    dtype = PRECISIONS[choose_precision(None, device)].dtype  # what a run here defaults to
     q = torch.randn(1, 2, 16, 64, device=device, dtype=dtype)
     works = []
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
@@ -258,7 +288,7 @@ def environment_notes() -> list[Check]:
 
 # ------------------------------------------------------------------ assembling
 def run_checks(min_torch: str = MIN_TORCH, require: tuple[str, ...] = ()) -> list[Check]:
-    checks = [check_python(), check_torch(min_torch)]
+    checks = [check_project_env(), check_python(), check_torch(min_torch)]
     if checks[-1].status == "fail":
         return _apply_require(checks, require)  # nothing below works without torch
     from harness import device as dev
@@ -268,8 +298,7 @@ def run_checks(min_torch: str = MIN_TORCH, require: tuple[str, ...] = ()) -> lis
     checks.append(check_triton())
     checks.append(check_optional_package(
         "deepspeed", "deepspeed", "the DeepSpeed FLOPs profiler, --profile deepspeed",
-        "`pip install deepspeed` (optional; it must not replace your torch: add --no-deps "
-        "if pip wants to)"))
+        "`bash setup/install.sh` (it installs the pinned DeepSpeed with your torch held fixed)"))
     checks += check_profilers(dev.backend())
     for name, purpose in (("numpy", "the harness"), ("pandas", "the analysis tools' tables"),
                           ("matplotlib", "roofline and sweep plots")):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the workshop into it.
 #
-#   setup/install.sh          runtime: torch (kept if present), numpy, pandas, matplotlib
-#   setup/install.sh test     also pytest, notebook runner, and triton for CPU interpreter tests
+#   setup/install.sh          runtime: torch (kept if present), triton (kept if present),
+#                             numpy, pandas, matplotlib: what every version needs
+#   setup/install.sh test     the same, plus pytest and the notebook runner
 #
 # Rules (never break a GPU install):
 #  * .venv sees the system's site-packages, so a ROCm/CUDA torch (and ROCm's
@@ -10,7 +11,8 @@
 #  * torch is installed only when none is importable: TORCH_SPEC (default
 #    torch==2.13.0, a CPU wheel on the workshop's CPU machines) from
 #    TORCH_INDEX_URL if set (e.g. https://download.pytorch.org/whl/rocm6.4).
-#  * triton is installed only when none is importable.
+#  * triton is installed only when none is importable (V3 needs it everywhere: on a
+#    GPU it compiles the kernels, on a CPU it runs them in its interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-}"
@@ -37,9 +39,26 @@ isolation=()
 "$VPY" -c 'import setuptools' 2>/dev/null && isolation=(--no-build-isolation)
 pip_install "${isolation[@]}" -e ".${extra:+[$extra]}"
 
-if [ "$extra" = "test" ] && ! "$VPY" -c 'import triton' 2>/dev/null; then
-    echo "[install] no triton importable: installing triton (CPU interpreter tests)"
+if ! "$VPY" -c 'import triton' 2>/dev/null; then
+    echo "[install] no triton importable: installing triton (V3's kernels; the interpreter on a CPU)"
     pip_install triton
+fi
+# DeepSpeed's FLOPS profiler (`--profile deepspeed`): the `profile` extra, installed with a
+# constraint that pins the importable torch, so pip can only keep it, never upgrade or replace
+# it. The pin is safe only where pip sees that same torch (its metadata names the version that
+# imports); otherwise DeepSpeed is left out. DS_BUILD_OPS=0: the sdist compiles no ops.
+if ! "$VPY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("deepspeed") is None)'; then
+    pin="$VENV/torch-pin.txt"
+    if "$VPY" -c 'import importlib.metadata as m, torch, sys; sys.exit(m.version("torch") != torch.__version__)' 2>/dev/null; then
+        "$VPY" -c 'import torch; print("torch==" + torch.__version__)' >"$pin"
+        echo "[install] installing DeepSpeed (--profile deepspeed) with $(cat "$pin") pinned"
+        DS_BUILD_OPS=0 pip_install "${isolation[@]}" -c "$pin" -e ".[profile]" ||
+            { echo "[install] DeepSpeed did not install: --profile deepspeed stays unavailable" >&2
+              [ "$extra" != "test" ] || exit 1; }
+    else
+        echo "[install] pip does not see the importable torch: not installing DeepSpeed, which could replace it"
+    fi
 fi
 touch "$VENV/.installed${extra:+-$extra}"
 echo "[install] done: $("$VPY" -c 'import torch; print("torch", torch.__version__)')"
+echo "[install] run scripts with .venv/bin/python, or first: source .venv/bin/activate"

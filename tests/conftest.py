@@ -3,7 +3,6 @@
 On a machine without a GPU, Triton kernels run in the interpreter: the
 variable must be set before triton is first imported, so it is set here.
 """
-import importlib
 import os
 import subprocess
 import sys
@@ -20,16 +19,14 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-VERSION_MODULES = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_llama_v2",
-                   "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
+from harness import config  # noqa: E402  (after the TRITON_INTERPRET default above)
 
 
 def load_version(version: str):
     """Import a version's model module, or skip the test if it does not exist yet."""
-    name = VERSION_MODULES[version]
-    if not (REPO / (name.replace(".", "/") + ".py")).exists():
+    if not (REPO / config.VERSIONS[version].script).exists():
         pytest.skip(f"{version} not written yet")
-    return importlib.import_module(name)
+    return config.load_version(version)
 
 
 def run_cli(args, cwd=REPO, env=None, timeout=300):
@@ -39,4 +36,11 @@ def run_cli(args, cwd=REPO, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA or ROCm GPU")
+def pytest_collection_modifyitems(config, items):
+    """Tests marked @pytest.mark.gpu skip on a machine without a GPU; `pytest -m gpu` runs them all."""
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA or ROCm GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,6 +1,6 @@
 """`python -m analysis_tools compare` on the JSON of benchmarks/compare_versions.py:
 synthetic files (old rows with medians only, new rows with the whole result), the
-real NVIDIA H200 comparison in docs/data, one real tiny CPU comparison, bad files."""
+real NVIDIA H200 comparison (tests/fixtures/h200), one real tiny CPU comparison, bad files."""
 import importlib
 import json
 
@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 from test_analysis import assert_png, cli  # the same in-process command line and PNG check
 
-H200_MEDIUM = REPO / "docs/data/h200_2026-11-22/compare/compare_medium.json"
+H200_MEDIUM = REPO / "tests/fixtures/h200/compare_medium.json"
 DEVICE = {"type": "cuda", "name": "NVIDIA H200", "backend": "cuda", "arch": "sm_90", "torch": "2.11.0+cu130"}
 CONFIG = {"vocab_size": 1000, "hidden_dim": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4,
           "ffn_dim": 176, "max_seq_len": 64, "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": False}

@@ -1,7 +1,7 @@
 """The memory model, checked on the CPU where it can be measured exactly:
 parameter/gradient/optimizer bytes on the real model, saved activations via
 autograd's saved-tensor hooks, and a whole step's peak via the live-tensor
-tracker. The GPU comparison (max_memory_allocated) is benchmarks/gpu/analysis.sh."""
+tracker. The GPU comparison (max_memory_allocated) is the memory step of benchmarks/reproduce.sh."""
 import pytest
 import torch
 
@@ -114,13 +114,13 @@ def test_memory_cli_compares_with_measured(tmp_path):
 
 
 def test_model_within_15_percent_of_committed_gpu_runs():
-    """docs/data holds real GPU results (max_memory_allocated); the model must stay close."""
+    """tests/fixtures/h200 holds real GPU results (max_memory_allocated); the model must stay close."""
     from analysis_tools.common import load_results
     from conftest import REPO
-    runs = sorted((REPO / "docs" / "data").glob("*/*.json"))
+    runs = sorted((REPO / "tests" / "fixtures" / "h200").glob("v1_*.json"))
     runs = [r for r in load_results(runs) if "peak_allocated_mb" in r["memory"]  # GPU,
             and not r["run"].get("compile") and r["run"].get("world_size", 1) == 1] if runs else []  # eager, 1 GPU
     if not runs:
-        pytest.skip("no GPU results committed in docs/data")
+        pytest.skip("no GPU results in tests/fixtures/h200")
     table = M.memory_table(runs)
     assert (table["error %"].abs() <= 15).all(), table[["run", "predicted MiB", "measured MiB", "error %"]]

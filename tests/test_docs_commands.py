@@ -131,11 +131,11 @@ class HarnessParsed(Exception):
 
 
 def parse_only(version, build_model, *, description="", add_arguments=None, model_options=None,
-               init_from_v1=True, default_optimizer="default", argv=None):
+               preflight=None, init_from_v1=True, default_optimizer="default", interpreted=False, argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = cli.build_parser(version, description, add_arguments, default_optimizer)
     args = parser.parse_args(argv)  # UsageError on a bad flag; --help exits
-    cli.settings_from_args(version, args, argv)  # value checks (seq-len <= max_seq_len, ...)
+    cli.settings_from_args(version, args, argv, interpreted)  # value checks (seq-len <= max_seq_len, ...)
     raise HarnessParsed(version)
 
 

@@ -1,6 +1,11 @@
-"""The shared harness: config, FLOP model, timing statistics, results, guards."""
+"""The shared harness: config, FLOP model, timing statistics, results, guards,
+and the import structure (no version imported by the harness, no circle)."""
+import ast
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import load_version
 from harness import flops, measure, results
-from harness.config import PRESETS, ModelConfig, llama_ffn_dim
+from harness.config import (PRECISIONS, PRESETS, REFERENCE_VERSION, VERSIONS, ModelConfig,
+                            llama_ffn_dim, reference_weights)
 from harness.data import Batches
 from harness.errors import GradientFlowError, UsageError
 
@@ -206,3 +212,96 @@ def test_git_commit_from_the_environment_wins(tmp_path, monkeypatch):
     assert results.git_commit() == "abc123"  # also over a (possibly stale) .git
     monkeypatch.delenv("WORKSHOP_GIT_COMMIT")
     assert results.git_commit(tmp_path) is None
+
+
+# ------------------------------------------------------------------ import structure
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+
+
+def module_level_imports(path: Path) -> list[str]:
+    """Absolute names of the modules a harness file imports when it is imported
+    (imports inside functions run only when called, so they are left out)."""
+    found = []
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.Import):
+                found.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(filter(None, ["harness", node.module])) if node.level else node.module
+                for alias in node.names:  # `from . import data` imports harness.data
+                    submodule = base == "harness" and (HARNESS / f"{alias.name}.py").exists()
+                    found.append(f"{base}.{alias.name}" if submodule else base)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                visit(getattr(node, field, []))  # module-level if/try/with blocks
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_no_harness_module_imports_a_version_at_module_level():
+    """The harness reaches a version only through the registry, at call time."""
+    packages = {v.folder for v in VERSIONS.values()}
+    for path in sorted(HARNESS.glob("*.py")):
+        bad = [name for name in module_level_imports(path) if name.split(".")[0] in packages]
+        assert not bad, f"{path.name} imports {bad} at module level"
+
+
+def test_harness_modules_import_without_a_circle():
+    """No harness module needs, at import time, one that needs it back."""
+    graph = {}
+    for path in HARNESS.glob("*.py"):
+        name = "harness" if path.stem == "__init__" else f"harness.{path.stem}"
+        graph[name] = {m for m in module_level_imports(path) if m.startswith("harness.")}
+
+    def cycle_from(node, trail):
+        if node in trail:
+            return trail[trail.index(node):] + [node]
+        for nxt in sorted(graph.get(node, ())):
+            found = cycle_from(nxt, trail + [node])
+            if found:
+                return found
+        return None
+
+    for start in sorted(graph):
+        circle = cycle_from(start, [])
+        assert circle is None, " -> ".join(circle)
+
+
+def test_every_harness_module_imports_in_a_fresh_interpreter():
+    """Each module imports (in one new process) and loads no version package."""
+    names = sorted(f"harness.{p.stem}" for p in HARNESS.glob("*.py") if p.stem != "__init__")
+    packages = sorted(v.folder for v in VERSIONS.values())
+    code = (f"import importlib, sys\n"
+            f"for name in {names!r}: importlib.import_module(name)\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {packages!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=HARNESS.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+# ------------------------------------------------------------------ shared facts
+def test_precision_table_and_version_registry():
+    assert list(PRECISIONS) == ["fp32", "tf32", "bf16", "fp16"]
+    assert [PRECISIONS[p].dtype for p in PRECISIONS] == [torch.float32, torch.float32,
+                                                         torch.bfloat16, torch.float16]
+    assert [PRECISIONS[p].bytes for p in PRECISIONS] == [4, 4, 2, 2]
+    assert [PRECISIONS[p].autocast_dtype for p in PRECISIONS] == [None, None, torch.bfloat16,
+                                                                  torch.float16]
+    repo = HARNESS.parent
+    for name, version in VERSIONS.items():
+        assert (repo / version.script).is_file(), name
+        assert version.module.replace(".", "/") + ".py" == version.script
+    assert REFERENCE_VERSION in VERSIONS
+
+
+def test_reference_weights_are_v1s_initial_weights():
+    cfg = ModelConfig()
+    weights = reference_weights(cfg, seed=7)
+    torch.manual_seed(7)
+    expected = load_version("v1").build_model(cfg).state_dict()
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.master_weights import MasterWeightAdamW, adamw_step, split_master_weights
-from tests.conftest import gpu, load_version, run_cli
+from tests.conftest import load_version, run_cli
 
 from harness.config import PRESETS
 
@@ -118,7 +118,7 @@ def test_refuses_what_it_cannot_match(tmp_path, flags, message):
     assert not out.exists()
 
 
-@gpu
+@pytest.mark.gpu
 def test_compiled_update_matches_eager_on_gpu():
     """On a GPU the update is torch.compile'd: same numbers as the eager code above."""
     torch.manual_seed(0)
@@ -144,7 +144,7 @@ def test_compiled_update_matches_eager_on_gpu():
     assert torch.equal(params[0].detach(), mine[0].to(torch.bfloat16))
 
 
-@gpu
+@pytest.mark.gpu
 def test_training_follows_autocast_on_gpu(tmp_path):
     flags = ["--device", "cuda", "--compile"]
     plain = run(tmp_path, "fused", "--optimizer", "fused", *flags)

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, gpu, load_version, run_cli
+from conftest import REPO, load_version, run_cli
 from harness import ModelConfig
 from harness.cli import build_parser
+from harness.config import VERSIONS
 
 TOL = 1e-5  # fp32: only summation order differs between the versions
 
@@ -119,8 +120,7 @@ def test_loss_curves_agree_and_gradient_guard_passes(tmp_path):
     """Same seed, same text: V1, V2 and V4 train the same model to the same losses."""
     for version in ("v2", "v4"):
         load_version(version)
-    scripts = {"v1": "version1_baseline/tiny_llama_v1.py", "v2": "version2_fused/tiny_llama_v2.py",
-               "v4": "version4_sdpa/tiny_llama_v4.py"}
+    scripts = {v: VERSIONS[v].script for v in ("v1", "v2", "v4")}
     runs = {}
     for version, script in scripts.items():
         out = tmp_path / f"{version}.json"
@@ -193,21 +193,8 @@ def test_compare_versions_rejects_unknown_names(capsys):
     assert "--versions: unknown v9 (choose from v1, v2, v3, v4, hf)" in capsys.readouterr().err
 
 
-def test_v4_variants_keep_the_maths(tmp_path):
-    """benchmarks/v4_variants.py: every patched variant trains to V4's own loss."""
-    losses = {}
-    for variant in ("base", "rope+ropehalf+swiglu"):
-        out = tmp_path / f"{variant}.json"
-        result = run_cli([str(REPO / "benchmarks" / "v4_variants.py"), variant, "--preset", "tiny",
-                          "--device", "cpu", "--num-steps", "3", "--warmup-steps", "1",
-                          "--quiet", "--output", str(out)])
-        assert result.returncode == 0, result.stderr
-        losses[variant] = json.loads(out.read_text())["losses"]
-    assert losses["base"] == pytest.approx(losses["rope+ropehalf+swiglu"], rel=1e-5)
-
-
-# ---- on a GPU (bash benchmarks/gpu/compare.sh runs these first) -----------------------
-@gpu
+# ---- on a GPU ------------------------------------------------------------------------
+@pytest.mark.gpu
 def test_gpu_cuda_graphs_train_without_skips(tmp_path):
     """--compile-mode reduce-overhead really replays CUDA/HIP graphs in the training loop."""
     load_version("v4")
@@ -222,7 +209,7 @@ def test_gpu_cuda_graphs_train_without_skips(tmp_path):
     assert result["gradient_guard"]["passed"] and result["run"]["compile_mode"] == "reduce-overhead"
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_probe_names_the_kernel_compiled_training_runs():
     """The SDPA kernel recorded in options is the one the profiler sees under torch.compile."""
     from harness import PRESETS
@@ -246,3 +233,66 @@ def test_gpu_probe_names_the_kernel_compiled_training_runs():
     seen = {family for op, family in v4.KERNEL_OPS.items()
             if any(e.name == f"aten::{op}" for e in prof.events())}
     assert seen == {kernel.split(" (")[0]}, (kernel, seen)
+
+
+# ---- the gradient guard sees V1's layout ------------------------------------------------
+@pytest.mark.parametrize("version", ["v1", "v2", "v4"])
+def test_gradient_guard_catches_a_zero_k_slice(version):
+    """A zero gradient for the whole k projection fails in every layout, fused or not."""
+    from harness import measure
+    from harness.errors import GradientFlowError
+
+    cfg = config(4, 2, 32, False)
+    model = load_version(version).build_model(cfg)
+    model.load_state_dict(load_version("v1").build_model(cfg).state_dict())
+    logits_and_grads(model, torch.randint(0, VOCAB, (2, 9)), torch.randint(0, VOCAB, (2, 9)))
+    assert measure.check_gradient_flow(model) > 0  # healthy first
+    k_rows = slice(cfg.num_heads * cfg.head_dim, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim)
+    for name, p in model.named_parameters():
+        if name == "layers.0.attn.k_proj.weight":
+            p.grad.zero_()
+        elif name == "layers.0.attn.qkv_proj.weight":  # V2-V4: rows q | k | v of one weight
+            p.grad[k_rows] = 0
+    with pytest.raises(GradientFlowError, match=r"layers\.0\.attn\.k_proj\.weight"):
+        measure.check_gradient_flow(model)
+
+
+def test_results_record_a_skipped_guard_as_not_passed(tmp_path, monkeypatch):
+    """A guard that checked nothing must not be written as passed."""
+    from harness import measure
+
+    v1, out = load_version("v1"), tmp_path / "r.json"
+    monkeypatch.setattr(measure, "check_gradient_flow", lambda model: 0)
+    assert v1.main(["--preset", "tiny", "--device", "cpu", "--num-steps", "2", "--warmup-steps", "1",
+                    "--quiet", "--output", str(out)]) == 0
+    guard = json.loads(out.read_text())["gradient_guard"]
+    assert guard["passed"] is None and guard["checked_params"] == 0
+
+
+# ---- one optimizer default ----------------------------------------------------------------
+def test_every_version_has_the_same_default_optimizer(monkeypatch):
+    from harness import cli
+
+    defaults, build = {}, cli.build_parser
+
+    def recording(version, description, add_arguments=None, default_optimizer="default"):
+        parser = build(version, description, add_arguments, default_optimizer)
+        defaults[version] = parser.parse_args([]).optimizer
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", recording)
+    for version in VERSIONS:
+        with pytest.raises(SystemExit):
+            load_version(version).main(["--help"])
+    assert set(defaults) == set(VERSIONS) and len(set(defaults.values())) == 1, defaults
+
+
+# ---- a backend that cannot run the model is refused ---------------------------------------
+def test_efficient_backend_with_grouped_kv_heads_is_one_line_exit_2(tmp_path, capsys):
+    v4, out = load_version("v4"), tmp_path / "r.json"
+    code = v4.main(["--preset", "tiny", "--num-heads", "4", "--num-kv-heads", "2", "--num-steps", "3",
+                    "--warmup-steps", "1", "--sdpa-backend", "efficient", "--output", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert "cannot run grouped kv heads" in lines[0] and "--sdpa-backend auto" in lines[0]
+    assert not out.exists()

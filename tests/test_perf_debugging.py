@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from conftest import HAS_GPU, REPO, gpu, run_cli
+from conftest import HAS_GPU, REPO, run_cli
 
 STAGES = REPO / "exercises" / "performance_debugging"
-H200_DEBUG = REPO / "docs" / "data" / "h200_2026-11-22" / "session2" / "teaching" / "debug"
+H200_DEBUG = REPO / "tests" / "fixtures" / "h200" / "debug"  # stage runs on an NVIDIA H200
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_stage3_check_trips_on_a_busy_gpu(monkeypatch):
     assert stages.stage3_verdict(other, fixed).tripped is False
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_symptoms_trip():
     """Coalescing, asynchrony and BLAS-vs-Triton show at the medium size (small is launch-bound)."""
     proc = run_cli([STAGES / "run_all_stages.py", "--preset", "medium", "--stages", "2", "3", "5",

@@ -14,9 +14,11 @@ import math
 import pytest
 import torch
 
-from conftest import HAS_GPU, gpu
+from conftest import HAS_GPU
 
-tk = pytest.importorskip("version3_triton.triton_kernels", reason="needs triton")
+tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
+from version3_triton.kernels import common, rmsnorm  # noqa: E402
+
 DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = list(tk.KERNEL_NAMES)
 
@@ -25,9 +27,9 @@ KERNELS = list(tk.KERNEL_NAMES)
 def poisoned_outputs_no_autotuning(monkeypatch):
     """NaN-filled outputs. No autotuning: on a GPU it would compile every candidate
     again for each odd test shape (test_gpu_every_config_* runs each of them)."""
-    monkeypatch.setattr(tk, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(tk, "AUTOTUNE", False)
-    monkeypatch.setattr(tk, "FORCED_CONFIGS", {})
+    monkeypatch.setattr(common, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(common, "AUTOTUNE", False)
+    monkeypatch.setattr(common, "FORCED_CONFIGS", {})
     for kernel in KERNELS:
         monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)
 
@@ -195,7 +197,7 @@ SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BL
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     """Blocks of different sizes for forward/dQ and dK/dV (so the diagonal spans
     several tiles), set from Python and from the environment, still give the maths."""
-    monkeypatch.setattr(tk, "FORCED_CONFIGS", {k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
+    monkeypatch.setattr(common, "FORCED_CONFIGS", {k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
     monkeypatch.setenv("V3_ATTN_FWD_CONFIG", "BLOCK_M=32, BLOCK_N=16, num_warps=4")
     inputs, grad = attention_inputs(1, 2, 1, 45, 32)
     got = forward_backward(tk.flash_attention, inputs, grad)
@@ -215,6 +217,9 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     assert chosen["attn_fwd"].startswith("forced: BLOCK_M=32, BLOCK_N=16, num_warps=4")
     assert chosen["attn_bwd_dkdv"].startswith("forced: BLOCK_M=16, BLOCK_N=32")
     assert chosen["rmsnorm_fwd"].startswith("forced: BLOCK_ROWS=4")
+    monkeypatch.delenv("V3_ATTN_FWD_CONFIG")  # unforced again: the autotuner chooses anew
+    forward_backward(tk.flash_attention, inputs, grad)
+    assert not tk.chosen_configs()["attn_fwd"].startswith("forced")
 
 
 @pytest.mark.parametrize("kernel, config, message", [
@@ -223,7 +228,7 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     ("rmsnorm_fwd", dict(num_warps=4), "needs BLOCK_ROWS"),
 ])
 def test_impossible_forced_configs_are_refused(monkeypatch, kernel, config, message):
-    monkeypatch.setattr(tk, "FORCED_CONFIGS", {kernel: config})
+    monkeypatch.setattr(common, "FORCED_CONFIGS", {kernel: config})
     inputs = [t.requires_grad_() for t in attention_inputs(1, 2, 1, 8, 16)[0]]
     with pytest.raises(ValueError, match=message):
         if kernel.startswith("attn"):
@@ -240,34 +245,39 @@ def test_config_text_from_the_environment(monkeypatch):
         tk.forced_config("attn_bwd_dq")
 
 
-@pytest.mark.parametrize("kernel", list(tk.KERNEL_CONFIGS))
+ATTENTION_KERNELS = list(common.ATTENTION_CONFIGS)
+
+
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
 def test_amd_configs_fit_in_64_kib_of_lds(kernel):
     """MI200/MI300 give a workgroup 64 KiB of LDS (H100: 227 KiB). Every AMD candidate
-    fits at the workshop's head size 64 in bf16, and whatever the autotuner may pick
-    for any head size (16..128) and dtype stays within 64 KiB."""
-    configs = tk.KERNEL_CONFIGS[kernel]["hip"]
-    for config in configs:
-        need = tk.shared_memory_estimate(kernel, config, 64, 2)
-        assert need <= tk.AMD_LDS_BYTES, f"{config} needs {need} bytes"
+    fits at the workshop's head size 64 in bf16, and whatever the prune lets the
+    autotuner pick for any head size (16..128) and dtype stays within 64 KiB."""
+    target, spec = common.amd_target("gfx942"), common.SPECS[kernel]
+    for config in common.attention_configs(kernel, target):
+        need = spec.shared_bytes(config, 64, 2)
+        assert need <= target.shared_bytes, f"{config} needs {need} bytes"
     for width in (16, 32, 64, 96, 128):
         for elem_bytes in (2, 4):
-            allowed = tk.fitting_configs(kernel, configs, width, elem_bytes, tk.AMD_LDS_BYTES)
+            allowed = common.candidates(spec, target, width, elem_bytes)
             assert allowed, (width, elem_bytes)
             for config in allowed:
-                assert tk.shared_memory_estimate(kernel, config, width, elem_bytes) <= tk.AMD_LDS_BYTES
+                assert spec.shared_bytes(config, width, elem_bytes) <= target.shared_bytes
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
 def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
     """The RMSNorm rule (no autotuning): a tile holds whole rows, ~8+ elements per
     thread, 1..16 warps, for hidden sizes 1..64k; 1024 gets one row per forward program."""
+    nvidia = common.nvidia_target(90)
     for n_cols in (1, 37, 64, 1000, 1024, 4096, 65536):
-        config = tk.rmsnorm_config(kernel, n_cols)
+        config = rmsnorm.rmsnorm_config(kernel, n_cols, nvidia)
         tile = config["BLOCK_ROWS"] * triton_next_power_of_2(n_cols)
         assert 1 <= config["num_warps"] <= 16 and config["BLOCK_ROWS"] >= 1
         assert config["num_warps"] in (1, 16) or tile // (32 * config["num_warps"]) >= 8, config
         assert tk.check_config(kernel, config, n_cols, 2)  # a legal forced config too
-    assert tk.rmsnorm_config("rmsnorm_fwd", 1024)["BLOCK_ROWS"] == 1
+        assert common.candidates(common.SPECS[kernel], nvidia, n_cols, 2) == [config]
+    assert rmsnorm.rmsnorm_config("rmsnorm_fwd", 1024, nvidia)["BLOCK_ROWS"] == 1
 
 
 def triton_next_power_of_2(n: int) -> int:
@@ -275,35 +285,37 @@ def triton_next_power_of_2(n: int) -> int:
 
 
 def test_nvidia_configs_are_legal_block_shapes():
+    tables = common.ATTENTION_CONFIGS
     for kernel in ("attn_fwd", "attn_bwd_dq"):
-        assert all(c["BLOCK_M"] % c["BLOCK_N"] == 0 for c in tk.KERNEL_CONFIGS[kernel]["cuda"])
-    assert all(c["BLOCK_N"] % c["BLOCK_M"] == 0 for c in tk.KERNEL_CONFIGS["attn_bwd_dkdv"]["cuda"])
-    for table in tk.KERNEL_CONFIGS.values():  # AMD-only compiler options stay in the AMD table
+        assert all(c["BLOCK_M"] % c["BLOCK_N"] == 0 for c in tables[kernel]["cuda"])
+    assert all(c["BLOCK_N"] % c["BLOCK_M"] == 0 for c in tables["attn_bwd_dkdv"]["cuda"])
+    for table in tables.values():  # AMD-only compiler options stay in the AMD list
         assert not any({"waves_per_eu", "matrix_instr_nonkdim"} & set(c) for c in table["cuda"])
+    mi50 = common.usable_on(tables["attn_fwd"]["hip"][0], common.amd_target("gfx906"))
+    assert "matrix_instr_nonkdim" not in mi50 and "waves_per_eu" in mi50  # no MFMA on an MI50
 
 
 # ---- what PyTorch sees: custom ops, FlopCounterMode, torch.compile ----------------
 def test_ops_are_registered_and_counted_by_flop_counter():
-    if not tk._HAS_CUSTOM_OP:
-        pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op")
+    """The operators torch.compile traces carry SDPA's FLOP formula. (Eager runs call
+    the launchers directly, without the operators' host cost: FlopCounterMode sees
+    V3's attention only in compiled code.)"""
     from torch.utils.flop_counter import FlopCounterMode
 
     (q, k, v), _ = attention_inputs(1, 4, 2, 16, 32)
-    q.requires_grad_()
+    ops = torch.ops.tinyllama_v3
     with FlopCounterMode(display=False) as counter:
-        tk.flash_attention(q, k, v).sum().backward()
+        o, lse = ops.attention_forward(q, k, v, 0.25)
+        ops.attention_backward(torch.ones_like(o), q, k, v, o, lse, 0.25)
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
     assert counts["tinyllama_v3.attention_forward"] == forward
     assert counts["tinyllama_v3.attention_backward"] == 2.5 * forward
 
 
-def test_eager_calls_skip_the_operators_and_choose_each_config_once(monkeypatch):
-    """Host overhead: in plain eager mode the autograd.Functions call the Python
-    launchers directly (no operator dispatch), and the launch configuration is
-    chosen once per shape key - a second call with the same key decides nothing."""
-    if not tk._HAS_CUSTOM_OP:
-        pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op")
+def test_each_config_is_chosen_once_per_key(monkeypatch):
+    """The autotuner remembers its choice per key (sizes, dtypes): a second call with
+    the same key prunes nothing and times nothing."""
     (q, k, v), grad = attention_inputs(1, 2, 1, 9, 16)
     x, w = torch.randn(3, 16, device=DEVICE), torch.randn(16, device=DEVICE)
     forward_backward(tk.flash_attention, [q, k, v], grad)  # first call: configs chosen
@@ -312,17 +324,13 @@ def test_eager_calls_skip_the_operators_and_choose_each_config_once(monkeypatch)
     def no_choosing(*args, **kwargs):
         raise AssertionError("a launch configuration was chosen again for a known key")
 
-    assert not tk._through_ops()
-    monkeypatch.setattr(tk, "_ops", None)  # any use of the operators would fail
-    monkeypatch.setattr(tk, "_choose", no_choosing)
+    monkeypatch.setattr(common, "candidates", no_choosing)
     forward_backward(tk.flash_attention, [q, k, v], grad)
     forward_backward(tk.rms_norm, [x, w], x)
 
 
 def test_torch_compile_traces_through_the_custom_ops():
     """aot_eager: dynamo + fake tensors + AOT autograd, without generating C++ code."""
-    if not tk._HAS_CUSTOM_OP:
-        pytest.skip(f"torch {torch.__version__} has no torch.library.custom_op")
     (q, k, v), grad = attention_inputs(1, 2, 1, 17, 16)
     w = torch.randn(16, device=DEVICE)
 
@@ -342,7 +350,7 @@ def pytorch_error(fn, inputs, grad, dtype, reference):
     return [max_error(a, b) for a, b in zip(forward_backward(fn, inputs, grad, dtype), reference)]
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", [(2, 8, 2, 333, 64), (1, 4, 4, 256, 128), (2, 4, 1, 97, 96)],
                          ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
@@ -356,7 +364,7 @@ def test_gpu_attention_low_precision_error_within_2x_pytorch(shape, dtype):
         assert e_ours <= 2 * e_theirs + floor, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
     x = torch.randn(1000, 1024, device=DEVICE)
@@ -369,7 +377,7 @@ def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
         assert e_ours <= 2 * e_theirs + 1e-6, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_rope_low_precision_error_within_2x_pytorch(dtype):
     x, cos, sin = rope_inputs(4, 300, 24, 64)
@@ -382,7 +390,7 @@ def test_gpu_rope_low_precision_error_within_2x_pytorch(dtype):
         assert e_ours <= 2 * e_theirs + 1e-6, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"])
 def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel):
     """Each autotuning candidate, forced in turn, on a ragged GQA shape in bf16."""
@@ -390,13 +398,13 @@ def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel):
     reference = forward_backward(attention_reference, inputs, grad, torch.float64)
     bound = [2 * e + 1e-3 * r.abs().max().item() for e, r in zip(
         pytorch_error(attention_reference, inputs, grad, torch.bfloat16, reference), reference)]
-    for config in tk.KERNEL_CONFIGS[kernel][tk.backend()]:
-        monkeypatch.setattr(tk, "FORCED_CONFIGS", {kernel: dict(config)})
+    for config in common.candidates(common.SPECS[kernel], common.current_target(), 64, 2):
+        monkeypatch.setattr(common, "FORCED_CONFIGS", {kernel: dict(config)})
         errors = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_repeated_runs_are_bit_identical():
     """No atomics, no races: the same inputs give the same bits, every time."""
     inputs, grad = attention_inputs(4, 8, 2, 300, 64)
@@ -415,47 +423,12 @@ def test_gpu_repeated_runs_are_bit_identical():
     assert all(torch.equal(a, b) for a, b in zip(rope_first, rope_again))
 
 
-def test_specialization_key_sees_what_triton_specialises_on():
-    """The fast launch reuses a compiled kernel only for arguments Triton would
-    compile the same kernel for: equal integers, tensor dtypes and alignment."""
-    base = torch.zeros(64, dtype=torch.float16)
-    key = tk.specialization_key
-    assert key((base, 16, 0.5)) == key((torch.ones(64, dtype=torch.float16), 16, 0.25))  # floats ignored
-    assert key((base, 16)) != key((base, 17))
-    assert key((base, 16)) != key((base.float(), 16))
-    assert key((base, 16)) != key((base[1:], 16))  # 2-byte offset: not 16-byte aligned
-
-
-@gpu
-def test_gpu_fast_launch_matches_the_normal_launch(monkeypatch):
-    """The direct launch of cached compiled kernels computes exactly what Triton's
-    normal launch does - also when a misaligned view needs another compiled kernel."""
-    def run_all(dtype, offset):
-        (q, k, v), grad = attention_inputs(2, 4, 2, 130, 64)
-        flat = torch.randn(300 * 96 + offset, device=DEVICE, dtype=dtype)
-        x = flat[offset:].view(300, 96)  # offset 1: a 2-byte aligned view
-        w = torch.randn(96, device=DEVICE, dtype=dtype)
-        return (forward_backward(tk.flash_attention, [q, k, v], grad, dtype)
-                + forward_backward(tk.rms_norm, [x, w], torch.randn_like(x)))
-
-    for offset in (0, 1, 0):  # aligned, misaligned (a new specialisation), aligned again
-        torch.manual_seed(offset)
-        monkeypatch.setattr(tk, "FAST_LAUNCH", False)
-        normal = run_all(torch.bfloat16, offset)
-        monkeypatch.setattr(tk, "FAST_LAUNCH", True)
-        for _ in range(2):  # first call compiles/records, second takes the fast path
-            torch.manual_seed(offset)
-            fast = run_all(torch.bfloat16, offset)
-            assert all(torch.equal(a, b) for a, b in zip(normal, fast))
-    assert tk.FAST_LAUNCH, "the fast launch was switched off (calling convention not recognised)"
-
-
-@gpu
+@pytest.mark.gpu
 def test_gpu_inductor_launches_the_kernels_itself():
     """With triton_op, torch.compile (Inductor) traces into the operators: its
     generated code launches our Triton kernels directly (no call back into the
     tinyllama_v3 operators) and computes what eager mode computes."""
-    if not tk._USE_TRITON_OP:
+    if not common.USE_TRITON_OP:
         pytest.skip(f"torch {torch.__version__} has no torch.library.triton_op")
     from torch._inductor.utils import run_and_get_code
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import HAS_GPU, REPO, gpu, load_version, run_cli
+from conftest import HAS_GPU, REPO, load_version, run_cli
 from harness import ModelConfig
 
 pytest.importorskip("triton", reason="version 3 needs triton")
@@ -25,7 +25,9 @@ SCRIPTS = {"v1": REPO / "version1_baseline/tiny_llama_v1.py",
 @pytest.fixture(autouse=True)
 def no_autotuning(monkeypatch):
     """One launch config per kernel: autotuning each test shape on a GPU costs minutes."""
-    monkeypatch.setattr(load_version("v3").tk, "AUTOTUNE", False)
+    load_version("v3")
+    from version3_triton.kernels import common
+    monkeypatch.setattr(common, "AUTOTUNE", False)
 
 
 def config(heads=4, kv_heads=2, head_dim=16, tied=False) -> ModelConfig:
@@ -109,7 +111,7 @@ def test_v1_checkpoint_round_trips_and_norms_are_triton():
     assert all(isinstance(block.attn, v3.TritonAttention) for block in model.layers)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_autocast_error_within_2x_of_v1s_own(dtype):
     """Against V1 in fp32: V3 in autocast is at most ~2x as far off as V1 in autocast."""

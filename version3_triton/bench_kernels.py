@@ -205,13 +205,16 @@ def sdpa(q, k, v):
 
 
 def sdpa_kernel_name(shape, dtype, device) -> str:
-    """Which kernel SDPA dispatches to on this shape (version 4's probe), if available."""
+    """Which kernel SDPA dispatches to on this shape and dtype (version 4's probe), if available.
+
+    The probe takes a precision name ("bf16"), as the command line does, and runs
+    under that autocast: the kernel it names is the one the benchmark's dtype gets."""
     try:
         from harness import ModelConfig
         from version4_sdpa.tiny_llama_v4 import probe_sdpa_kernel
         b, h, kv, n, d = shape
         cfg = ModelConfig(hidden_dim=h * d, num_heads=h, num_kv_heads=kv, max_seq_len=n)
-        return probe_sdpa_kernel(cfg, b, n, device, dtype)
+        return probe_sdpa_kernel(cfg, b, n, device, DTYPE_NAMES[dtype])
     except Exception:  # version 4 missing or the probe failed: the name is only a label
         return "?"
 
@@ -313,7 +316,7 @@ def run(args) -> dict:
     if device.type == "cpu" and not args.quick:
         raise UsageError("without a GPU the kernels run in Triton's interpreter: use --quick")
     dtype = DTYPES[args.dtype] if device.type == "cuda" else torch.float32  # no bf16 dot on CPU
-    from version3_triton import triton_kernels as tk
+    from version3_triton import kernels as tk
 
     size = "quick" if args.quick else "full"
     timer = Timer(device, args.quick)

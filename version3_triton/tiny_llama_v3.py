@@ -1,6 +1,6 @@
 """Version 3: V2's fused model with hand-written Triton kernels.
 
-Three operations of V2 are replaced by our own kernels (triton_kernels.py),
+Three operations of V2 are replaced by our own kernels (the kernels/ package),
 each with a forward AND a backward kernel:
 
 1. RMSNorm: one read of x and one write of y per element, the row statistic
@@ -23,7 +23,7 @@ lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope, V2's fusion flags)
 measure each piece alone. Block sizes of the kernels can be forced for an
 exercise, e.g. V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the
-top of triton_kernels.py; the results JSON records any forced configuration.
+top of kernels/common.py; the results JSON records any forced configuration.
 
 Without a GPU the kernels run in Triton's CPU interpreter (slow, tiny preset).
 
@@ -43,13 +43,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
 import harness  # noqa: E402
 from harness import ModelConfig, UsageError  # noqa: E402
-from harness.device import resolve_device  # noqa: E402
 from version2_fused import tiny_llama_v2 as v2  # noqa: E402
 
 if not torch.cuda.is_available():  # must happen before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
-    from version3_triton import triton_kernels as tk  # noqa: E402
+    from version3_triton import kernels as tk  # noqa: E402
     TRITON_MISSING = None
 except ImportError as e:  # no triton: V3 cannot run, everything else still imports
     tk, TRITON_MISSING = None, e
@@ -138,29 +137,31 @@ def add_arguments(group) -> None:
                            help=f"{what}; --no-{flag} falls back to V2's version")
 
 
-def forced_configs(args) -> dict:
+def forced_configs(run) -> dict:
     """Launch configurations forced through the environment, checked before training
     starts (ValueError says what is wrong), with their defaults filled in."""
-    from harness import cli, trainer
-
-    cfg = cli.settings_from_args("v3", args, []).model
-    precision = trainer.choose_precision(args.precision, resolve_device(args.device))
-    elem_bytes = 4 if precision in ("fp32", "tf32") else 2
+    cfg = run.settings.model
     checked = {}
     for name in tk.KERNEL_NAMES:
         config = tk.forced_config(name)
         if config is not None:
             width = cfg.hidden_dim if name.startswith("rmsnorm") else cfg.head_dim
-            checked[name] = tk.check_config(name, config, width, elem_bytes)
+            checked[name] = tk.check_config(name, config, width, run.bytes_per_value)
     return checked
 
 
 def model_options(args) -> dict:
-    """V2's fusion switches, V3's kernel switches and any forced kernel launch configs."""
+    """V2's fusion switches and V3's kernel switches."""
+    return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
+            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope}
+
+
+def preflight(args, run) -> dict:
+    """Once, before training: can the kernels run here, and which launch configs are forced?"""
     forced = {}
     if args.triton_rmsnorm or args.triton_attention or args.triton_rope:
         require_triton()
-        on_cpu = resolve_device(args.device).type == "cpu"
+        on_cpu = run.device.type == "cpu"
         if on_cpu and not tk.INTERPRET:
             raise UsageError("the Triton kernels need a GPU; for --device cpu set "
                              "TRITON_INTERPRET=1 (Triton's slow CPU interpreter)")
@@ -168,17 +169,16 @@ def model_options(args) -> dict:
             raise UsageError("Triton's CPU interpreter cannot run bf16 attention "
                              "(use --precision fp32 on the CPU)")
         try:
-            forced = forced_configs(args)
+            forced = forced_configs(run)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
-            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
-            "kernel_configs": forced}
+    return {"kernel_configs": forced}
 
 
 def main(argv=None) -> int:
     return harness.main("v3", build_model, argv=argv, add_arguments=add_arguments,
-                        model_options=model_options, default_optimizer="fused",
+                        model_options=model_options, preflight=preflight,
+                        interpreted=tk is not None and tk.INTERPRET,
                         description="Version 3: V2 with Triton RMSNorm and flash-attention "
                                     "kernels (forward and backward).")
 

@@ -147,6 +147,12 @@ def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, precis
 def choose_sdpa(cfg: ModelConfig, batch: int, seq_len: int, device, precision: str,
                 backend: str) -> tuple[str, str]:
     """(kernel that runs, gqa mode) for this run, or UsageError if `backend` cannot run."""
+    if backend == "efficient" and cfg.num_kv_heads != cfg.num_heads:
+        # Its dispatch check rejects grouped k/v heads, and training would stop inside SDPA.
+        raise UsageError(f"--sdpa-backend efficient cannot run grouped kv heads (--num-kv-heads "
+                         f"{cfg.num_kv_heads} < --num-heads {cfg.num_heads}): the memory-efficient "
+                         f"kernel has no grouped-query support - use --sdpa-backend auto, flash or "
+                         f"math, or --num-kv-heads {cfg.num_heads}")
     if cfg.num_kv_heads == cfg.num_heads:
         candidates = ["n/a (MHA)"]
     else:  # a kernel without enable_gqa support may still run on repeated k/v
@@ -182,21 +188,21 @@ def add_arguments(group) -> None:
 
 
 def model_options(args) -> dict:
-    """V2's fusion switches plus the SDPA backend asked for, the kernel that runs and the GQA mode."""
-    from harness import cli, device as devices, trainer
+    """V2's fusion switches plus the SDPA backend asked for."""
+    return {**v2.fusion_options(args), "sdpa_backend": args.sdpa_backend}
 
-    settings = cli.settings_from_args("v4", args, [])
-    device = devices.resolve_device(args.device)
-    precision = trainer.choose_precision(args.precision, device)
-    kernel, gqa = choose_sdpa(settings.model, settings.batch_size, settings.seq_len, device,
-                              precision, args.sdpa_backend)
-    return {**v2.fusion_options(args), "sdpa_backend": args.sdpa_backend,
-            "sdpa_kernel": kernel, "gqa": gqa}
+
+def preflight(args, run) -> dict:
+    """Once, before training: the SDPA kernel that runs this very run, and the GQA mode."""
+    s = run.settings
+    kernel, gqa = choose_sdpa(s.model, s.batch_size, s.seq_len, run.device, run.precision,
+                              args.sdpa_backend)
+    return {"sdpa_kernel": kernel, "gqa": gqa}
 
 
 def main(argv=None) -> int:
     return harness.main("v4", build_model, argv=argv, add_arguments=add_arguments,
-                        model_options=model_options, default_optimizer="fused",
+                        model_options=model_options, preflight=preflight,
                         description="Version 4: V2's fusions with PyTorch SDPA (flash) attention.")
 
 

@@ -39,15 +39,11 @@ REPO = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "harness").is_d
 sys.path.insert(0, str(REPO))
 OUT = REPO / "results" / "notebooks"
 
-import importlib
-
 import pandas as pd
 
+from harness.config import VERSIONS, load_version
 from harness.report import format_table
 from harness.results import load
-
-VERSIONS = {"v1": "version1_baseline.tiny_llama_v1", "v2": "version2_fused.tiny_llama_v2",
-            "v3": "version3_triton.tiny_llama_v3", "v4": "version4_sdpa.tiny_llama_v4"}
 
 
 def train(version, name, *flags, preset=None):
@@ -55,7 +51,7 @@ def train(version, name, *flags, preset=None):
     out = OUT / f"{name}.json"
     argv = ["--preset", preset or PRESET, "--num-steps", str(STEPS), "--warmup-steps", str(WARMUP),
             "--quiet", "--output", str(out), *flags]
-    code = importlib.import_module(VERSIONS[version]).main(argv)
+    code = load_version(version).main(argv)
     assert code == 0, f"{name}: exit code {code} (see the error line above)"
     return load(out)
 
@@ -122,6 +118,40 @@ print(f"formula: {formula:,} FLOPs per step\\ncounted: {counter.get_total_flops(
       f"(ratio {counter.get_total_flops() / formula:.3f})")
 print(f"matmul parameters N = {flops.matmul_params(cfg):,}; total parameters {flops.total_params(cfg):,}")'''),
     ("md", """\
+### A second counter: DeepSpeed's FLOPS profiler, on every version
+
+`--profile deepspeed` counts one forward pass (a third of the formula's step) in another way.
+While it profiles, DeepSpeed replaces Python functions - `F.linear`, `F.silu`, `F.softmax`,
+`F.scaled_dot_product_attention`, `torch.matmul`, ... - with wrappers that compute each call's
+FLOPs from its arguments, and hooks every module so that each call is added to the module whose
+forward is running. It counts a multiply-add as 2 FLOPs, so `2 x MACs` is its count of the matrix
+products alone; the rest is elementwise work."""),
+    ("code", '''\
+import importlib.util
+import json
+
+if importlib.util.find_spec("deepspeed") is None:
+    print("DeepSpeed is not installed here: `bash setup/install.sh` installs it (the 'profile' extra)")
+else:
+    rows = []
+    for version in VERSIONS:  # one counted step is enough: 2 steps, the first one counted
+        r = train(version, f"nb1_{version}_deepspeed", "--num-steps", "2", "--warmup-steps", "1",
+                  "--profile", "deepspeed", "--profile-dir", str(OUT / "deepspeed" / version))
+        p = r["profile"]
+        macs = json.loads(Path(p["files"]["flops"]).read_text())["macs"]
+        rows.append({"version": version, "counted": p["counted_flops"], "2 x MACs": 2 * macs,
+                     "analytic (forward)": p["analytic_flops"], "ratio": round(p["ratio"], 3)})
+    print(pd.DataFrame(rows).set_index("version").to_string())'''),
+    ("md", """\
+V1, V2 and V4 make every matrix product through a wrapped function, so their `2 x MACs` is the
+formula exactly, and the ratio sits just above 1 (the elementwise work). V3 comes out low (0.935
+on the tiny preset): its flash attention is a Triton kernel launched from a `torch.autograd.Function`. The
+attention module's hooks fire, but the kernel calls none of the wrapped functions, so attention's
+QK^T and PV products - exactly the formula's attention term, 4·L·d·T per token in forward - count
+0. Module hooks see *where* the work happens; only the wrapped functions say *how much*, and a
+custom kernel hides it. FlopCounterMode misses the same kernel: it sees only operators that go
+through PyTorch's dispatcher. docs/PROFILING.md has the measured numbers."""),
+    ("md", """\
 ## 4. The operator table
 
 `--profile pytorch` records 3 steps right after warm-up and writes the operator table, the kernel
@@ -154,6 +184,8 @@ print(f"aten::mm: {mm_calls} calls = {profiled_steps} steps x {linears_per_step}
 2. Why are there so many `aten::copy_` and `aten::_to_copy` calls?
 3. Run the same cells with `--precision bf16` (add it to the `train` calls). What changes in
    the table, and in the FLOP count?
+4. Which FLOPs does DeepSpeed miss in V3, and why does it count them in V4, which also uses
+   a fused attention kernel? (Question 6 of the answers.)
 
 Answers: `exercises/version1/01_operator_table.md`."""),
 ]
@@ -223,11 +255,12 @@ The same ablation as `--no-fused-*` on the command line. On a CPU the difference
 noisy (and `fused_swiglu` only exists on a GPU); on a GPU at the medium preset they are the
 point of the exercise."""),
     ("code", '''\
-runs = [train("v1", "nb2_v1"), train("v2", "nb2_v2")]
+runs, labels = [train("v1", "nb2_v1"), train("v2", "nb2_v2")], ["v1", "v2"]
 for flag in ("--no-fused-qkv", "--no-fused-gate-up", "--no-fused-rmsnorm", "--no-fused-swiglu"):
     runs.append(train("v2", f"nb2_v2{flag.replace('--no-fused', '_no')}", flag))
-print(format_table(runs))
-[(r["version"], {k: v for k, v in r["options"].items() if not v}) for r in runs]'''),
+    labels.append(f"v2 {flag}")
+# Each row is labelled with the run's switch (the results' "version" is v2 for all of them).
+print(format_table([{**r, "version": label} for r, label in zip(runs, labels)]))'''),
     ("md", """\
 ## 4. torch.compile
 
@@ -255,7 +288,7 @@ NB3 = [
 # 3 - Triton kernels: read, test, benchmark
 
 Version 3 replaces RMSNorm, RoPE and attention by hand-written Triton kernels, each with a forward and a
-backward (`version3_triton/triton_kernels.py`). On a CPU they run in Triton's interpreter: slow,
+backward (`version3_triton/kernels/`, one file per kernel). On a CPU they run in Triton's interpreter: slow,
 but the same program, so everything except timing can be checked here.
 Exercises: `exercises/version3/`."""),
     ("code", PARAMETERS),
@@ -267,7 +300,8 @@ import math
 import torch.nn.functional as F
 
 from version1_baseline import tiny_llama_v1 as v1
-from version3_triton import triton_kernels as tk
+from version3_triton import kernels as tk
+from version3_triton.kernels import rmsnorm
 
 print("Triton backend:", tk.backend())'''),
     ("md", """\
@@ -276,7 +310,7 @@ print("Triton backend:", tk.backend())'''),
 The RMSNorm forward: each program owns `BLOCK_ROWS` whole rows, reads them once, keeps the
 statistic in fp32 registers and writes the output (and `1/rms` for the backward) once."""),
     ("code", '''\
-print(inspect.getsource(tk._rmsnorm_fwd_kernel.fn))'''),
+print(inspect.getsource(rmsnorm._rmsnorm_fwd_kernel.fn))'''),
     ("md", """\
 ## 2. Test it against PyTorch - forward and backward
 
@@ -413,11 +447,11 @@ from version4_sdpa import tiny_llama_v4 as v4
 
 cfg = PRESETS[PRESET].model
 device = torch.device("cuda" if GPU else "cpu")
-dtype = torch.bfloat16 if GPU else torch.float32
+precision = "bf16" if GPU else "fp32"  # as a training run here defaults to
 batch, seq = PRESETS[PRESET].batch_size, PRESETS[PRESET].seq_len
 for backend in ("auto", *v4.BACKENDS):
     try:
-        kernel, gqa = v4.choose_sdpa(cfg, batch, seq, device, dtype, backend)
+        kernel, gqa = v4.choose_sdpa(cfg, batch, seq, device, precision, backend)
         print(f"{backend:>9}: runs {kernel} (gqa: {gqa})")
     except UsageError as e:
         print(f"{backend:>9}: cannot run - {str(e)[:110]}...")'''),
@@ -449,9 +483,11 @@ Image(filename=str(OUT / "roofline" / "roofline.png"))'''),
     ("md", """\
 ## 4. All four versions, same model, same data
 
-Every version starts from V1's weights with the same seed, so the losses must agree; the speed
-and memory are what the optimizations changed. On a CPU V3's kernels run in the interpreter
-(3 steps only), and the timings say little; on a GPU this is the workshop's result table."""),
+Every version starts from V1's weights with the same seed, so the loss of each step must agree
+(the second table shows the first three steps of every version); the speed and memory are what
+the optimizations changed. On a CPU V3's kernels run in the interpreter, so V3 runs 3 steps only:
+its "final loss" in the first table is step 3's and differs from the others' for that reason
+alone, and the timings say little. On a GPU this is the workshop's result table."""),
     ("code", '''\
 final = [train("v1", "nb4_v1"), train("v2", "nb4_v2")]
 final.append(train("v3", "nb4_v3", *([] if GPU else ["--num-steps", "3", "--warmup-steps", "1"])))

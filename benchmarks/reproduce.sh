@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
+#
+#   bash benchmarks/reproduce.sh                  # every step, about 35 minutes on one H100/H200
+#   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
+#   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
+#   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
+#   make results                                  # the same as the first line
+#
+# Every row (one training run, one comparison, one benchmark) writes one JSON under
+# results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
+# resumes where it stopped (--force runs every row again). No step lasts more than about
+# 8 minutes, so a machine that limits one command to 10 minutes runs the steps one by one.
+# The last two steps assemble the published set and check it:
+#   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
+#             and results/published/<gpu>.tgz, the same files in one archive
+#   regress   python -m analysis_tools regress: the throughput of every published comparison row
+#             against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
+# Then `cp -r results/published/<gpu> docs/published/ && python tools/publish.py` publishes it.
+#
+# Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
+# default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
+# BASELINE (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES (the compare_versions --modes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+PY=$PYTHON
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa publish regress)
+describe_step() {
+    case $1 in
+        env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
+        compare-medium) echo "~8 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved, 2 repeats; SDPA backends" ;;
+        compare-small)  echo "~4 min    compare_small.json: the same on the launch-bound small preset" ;;
+        kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
+        analysis)       echo "~3 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
+        debug)          echo "~3 min    debug/: the five performance-debugging stages, broken and fixed" ;;
+        memory)         echo "~4 min    memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
+        levers)         echo "~3 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
+        fusion)         echo "~3 min    fusion/: V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
+        blocks)         echo "~2 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
+        sdpa)           echo "~3 min    sdpa/: V4 with each SDPA backend; V4 medium with CUDA/HIP graphs" ;;
+        publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
+        regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
+    esac
+}
+
+QUICK=0; FORCE=0; STEPS_ASKED=()
+for arg in "$@"; do
+    case $arg in
+        --quick) QUICK=1 ;;
+        --force) FORCE=1 ;;
+        --list)
+            for s in "${ALL_STEPS[@]}"; do printf '  %-15s %s\n' "$s" "$(describe_step "$s")"; done
+            exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "error: unknown option $arg (try --help)" >&2; exit 2 ;;
+        *) if [ -z "$(describe_step "$arg")" ]; then
+               echo "error: unknown step '$arg' (steps: ${ALL_STEPS[*]})" >&2; exit 2
+           fi
+           STEPS_ASKED+=("$arg") ;;
+    esac
+done
+
+if [ $QUICK = 1 ]; then
+    # The pipeline on a CPU: tiny preset, 4 steps, two comparison rows and one lever row.
+    DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1
+    GPU=${GPU:-cpu-quick}
+    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers publish regress)
+else
+    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=10; REPEATS=2
+    if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
+        exit 2
+    fi
+    GPU=${GPU:-$($PY -c 'from tools.publish import gpu_slug; print(gpu_slug())')}
+    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
+fi
+RESULTS=${RESULTS:-results}
+W="$RESULTS/reproduce/$GPU"      # every row's JSON and log
+PUB="$RESULTS/published/$GPU"    # the assembled set
+BASELINE=${BASELINE:-docs/published/$GPU}
+mkdir -p "$W"
+LOG="$W/reproduce.log"
+start=$SECONDS
+failed=0
+say() { echo "[$(printf '%3d:%02d' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)))] $*" | tee -a "$LOG"; }
+have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
+
+# train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists)
+OK_EXIT=3
+train() {
+    local dir=$1 name=$2 script=$3; shift 3
+    local out="$W/$dir/$name.json"
+    if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
+    mkdir -p "$W/$dir"
+    echo "== $name: $script $*" >> "$W/$dir/runs.log"
+    if timeout 300 $PY "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
+            --log-every "$STEPS" --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1; then
+        say "   $dir/$name ok"
+    else
+        local rc=$?
+        # Some failures are answers: out of memory (exit 3) in the memory exercise, an SDPA
+        # backend this GPU lacks (exit 2). They are recorded as such, not as failures.
+        echo "{\"exit_code\": $rc, \"error\": $(tail -n 1 "$W/$dir/runs.log" | $PY -c 'import json,sys; print(json.dumps(sys.stdin.read().strip()))')}" > "$out"
+        say "   $dir/$name exit $rc: $(tail -n 1 "$W/$dir/runs.log")"
+        [[ " $OK_EXIT " == *" $rc "* ]] || failed=1
+    fi
+}
+
+V1=version1_baseline/tiny_llama_v1.py
+V2=version2_fused/tiny_llama_v2.py
+V3=version3_triton/tiny_llama_v3.py
+V4=version4_sdpa/tiny_llama_v4.py
+
+compare() {  # compare NAME PRESET: one interleaved comparison of every version and mode
+    local preset=$1 out="$W/compare_$1.json" versions=v1,v2,v3,v4,hf
+    local modes=${MEDIUM_MODES:-eager,compile,reduce-overhead,reduce-overhead-master,max-autotune} peers=compile
+    if have "$out"; then say "   compare_$preset: done before, skipped"; return 0; fi
+    [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
+    [ "$preset" = small ] && modes=${SMALL_MODES:-eager,compile,reduce-overhead}
+    local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
+    $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
+        --versions $versions --modes $modes --peer-modes $peers --repeats $REPEATS \
+        --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" --output "$W/.partial_$preset.json" \
+        2> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
+    # compare_versions rewrites its JSON after every run: only a finished comparison is a row
+    local part="$W/.partial_$preset.json"
+    if grep -q '"spread_percent": [0-9]' "$part" 2>/dev/null; then mv "$part" "$out"; fi
+}
+
+run_step() {
+    say "== $1: $(describe_step "$1")"
+    case $1 in
+    env)
+        have "$W/environment.txt" && { say "   done before, skipped"; return; }
+        $PY setup/check_environment.py > "$W/environment.txt" 2>&1
+        tail -n 3 "$W/environment.txt" ;;
+    compare-medium) compare medium $MEDIUM ;;
+    compare-small)  compare small $SMALL ;;
+    kernels)
+        have "$W/kernels.json" && { say "   done before, skipped"; return; }
+        local quick=(); [ $QUICK = 1 ] && quick=(--quick)
+        $PY version3_triton/bench_kernels.py "${quick[@]}" --output "$W/kernels.json" \
+            > "$W/kernels.log" 2>&1 || failed=1
+        tail -n 12 "$W/kernels.log" ;;
+    analysis)
+        local A="$W/analysis"; mkdir -p "$A"
+        if ! have "$A/ceilings.json"; then
+            $PY -m analysis_tools ceilings --device "$DEVICE" --out-dir "$A" > "$A/ceilings.log" 2>&1 || failed=1
+            tail -n 6 "$A/ceilings.log"
+        fi
+        train analysis v1_profiled $V1 --preset $MEDIUM --precision bf16 --profile pytorch --profile-dir "$A/v1"
+        train analysis v4_profiled $V4 --preset $MEDIUM --precision bf16 --compile --profile pytorch --profile-dir "$A/v4"
+        local ceil=(); [ -f "$A/ceilings.json" ] && ceil=(--ceilings "$A/ceilings.json")
+        $PY -m analysis_tools roofline --preset $MEDIUM --precision bf16 --device "$DEVICE" "${ceil[@]}" \
+            --kernels "v1=$A/v1/pytorch/kernel_table.csv" --kernels "v4=$A/v4/pytorch/kernel_table.csv" \
+            --out-dir "$A" --name roofline_medium.png > "$A/roofline.log" 2>&1 || failed=1
+        grep -A 12 "kernel time by category" "$A/roofline.log" || tail -n 5 "$A/roofline.log" ;;
+    debug)
+        have "$W/debug/outcomes.json" && { say "   done before, skipped"; return; }
+        mkdir -p "$W/debug"
+        timeout 540 $PY exercises/performance_debugging/run_all_stages.py --preset $MEDIUM --json \
+            --out-dir "$W/debug" > "$W/debug/stages.log" 2>&1 || failed=1
+        $PY tools/publish.py debug-json "$W/debug/stages.log" "$W/debug/outcomes.json" || failed=1
+        grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
+    memory)
+        for b in 4 8 16 32; do train memory v1_b${b}_s512 $V1 --preset $MEDIUM --precision bf16 --batch-size $b; done
+        for s in 128 256; do train memory v1_b16_s$s $V1 --preset $MEDIUM --precision bf16 --seq-len $s; done
+        for s in 256 512 1024; do   # the T x T scores: V1 against V4 as the sequence grows
+            train memory attn_v1_s$s $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --seq-len $s --max-seq-len 1024
+            train memory attn_v4_s$s $V4 --preset $MEDIUM --precision bf16 --batch-size 8 --seq-len $s --max-seq-len 1024
+        done
+        if ! have "$W/memory/memory_check.json"; then
+            local ok=(); for f in "$W"/memory/v1_*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
+            $PY -m analysis_tools memory "${ok[@]}" --json "$W/memory/memory_check.json" \
+                --out-dir "$W/memory" > "$W/memory/memory_check.log" 2>&1 || failed=1
+            tail -n 8 "$W/memory/memory_check.log"
+        fi ;;
+    levers)
+        if [ $QUICK = 1 ]; then train levers prec_fp32 $V1 --preset $MEDIUM --precision fp32; return; fi
+        for p in fp32 tf32 bf16; do train levers prec_$p $V1 --preset $MEDIUM --precision $p; done
+        train levers batch8_accum2 $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --grad-accum 2
+        train levers ckpt_on $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint
+        train levers ckpt_on_b32 $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint --batch-size 32
+        train levers data_text $V1 --preset $MEDIUM --precision bf16 --data text --vocab-size 1000
+        train levers opt_fused $V1 --preset $MEDIUM --precision bf16 --optimizer fused ;;
+    fusion)
+        train fusion v2_all_on $V2 --preset $MEDIUM --precision bf16
+        for f in fused-qkv fused-gate-up fused-rmsnorm fused-swiglu; do
+            train fusion v2_no_${f//-/_} $V2 --preset $MEDIUM --precision bf16 --no-$f
+        done
+        local graphs=(--compile --compile-mode reduce-overhead --optimizer master)
+        train fusion v4_graphs_master $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}"
+        train fusion v4_graphs_master_no_fused_gate_up $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-gate-up ;;
+    blocks)
+        train blocks autotuned $V3 --preset $MEDIUM --precision bf16
+        for cfg in "BLOCK_M=32,BLOCK_N=32,num_warps=4,num_stages=2" \
+                   "BLOCK_M=64,BLOCK_N=64,num_warps=4,num_stages=3" \
+                   "BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"; do
+            local name=fwd_$(echo "$cfg" | sed 's/BLOCK_//g; s/num_//g; s/[=,]/_/g')
+            V3_ATTN_FWD_CONFIG="$cfg" train blocks "$name" $V3 --preset $MEDIUM --precision bf16
+        done ;;
+    sdpa)
+        for b in auto flash efficient cudnn math; do
+            OK_EXIT="2 3" train sdpa backend_$b $V4 --preset $MEDIUM --precision bf16 --sdpa-backend $b
+        done ;;
+    publish)
+        $PY tools/publish.py collect "$W" "$PUB" || failed=1 ;;
+    regress)
+        if [ ! -f "$BASELINE/summary.json" ]; then
+            say "   no published set in $BASELINE: nothing to regress against (publish this one first)"
+            return
+        fi
+        local pairs=()
+        for preset in medium small; do
+            [ -f "$BASELINE/compare_$preset.json" ] && [ -f "$PUB/compare_$preset.json" ] \
+                && pairs+=("$preset")
+        done
+        for preset in "${pairs[@]}"; do
+            say "   regress compare_$preset (throughput: fail on a drop of more than 5%)"
+            $PY -m analysis_tools regress --baseline "$BASELINE/compare_$preset.json" \
+                --tolerance throughput=0.05 "$PUB/compare_$preset.json" | tee -a "$LOG" \
+                || failed=1   # pipefail: the status is regress's
+        done ;;
+    esac
+}
+
+say "reproduce on $GPU ($DEVICE): steps ${STEPS_ASKED[*]}; rows in $W"
+for step in "${STEPS_ASKED[@]}"; do run_step "$step"; done
+say "done in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s$([ $failed = 0 ] || echo ', with failures (see the logs in '"$W"')')"
+exit $failed

@@ -1,0 +1,186 @@
+"""An attendee's first hour on a fresh CPU laptop: install, run, read, analyse.
+
+Each test stands for one trap a newcomer would otherwise fall into: the first
+command must install what every version needs, scripts must say where to run
+them from, slow runs must show progress at once, results must not overwrite
+each other, and the analysis commands must explain what they cannot show.
+"""
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+V1 = REPO / "version1_baseline" / "tiny_llama_v1.py"
+V3 = REPO / "version3_triton" / "tiny_llama_v3.py"
+
+
+# ---------------------------------------------------------------- install and CI
+def test_the_runtime_install_brings_triton_and_ci_runs_the_workshop_first():
+    install = (REPO / "setup" / "install.sh").read_text()
+    # triton for every install (not only `test`), and only where none is importable
+    assert "if ! \"$VPY\" -c 'import triton'" in install
+    assert '[ "$extra" = "test" ] && ! "$VPY" -c \'import triton\'' not in install
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    steps = [line for line in ci if line.startswith("make ")]
+    assert steps == ['make workshop ARGS="--quick"', "make test"]
+
+
+# ---------------------------------------------------------------- environment
+def test_environment_check_says_when_this_is_not_the_projects_python(monkeypatch):
+    sys.path.insert(0, str(REPO / "setup"))
+    import check_environment as ce
+
+    monkeypatch.setattr(ce.sys, "prefix", "/usr")
+    monkeypatch.setattr(ce, "project_venv", lambda: REPO / "tests" / "fixtures" / "fake_venv")
+    (REPO / "tests" / "fixtures" / "fake_venv" / "bin").mkdir(parents=True, exist_ok=True)
+    try:
+        (REPO / "tests" / "fixtures" / "fake_venv" / "bin" / "python").touch()
+        check = ce.check_project_env()
+        assert check.status == "warn" and "not in the project's environment" in check.detail
+        assert "source .venv/bin/activate" in check.fix
+        monkeypatch.setattr(ce.sys, "prefix", str(REPO / "tests" / "fixtures" / "fake_venv"))
+        assert ce.check_project_env().status == "ok"
+    finally:
+        import shutil
+        shutil.rmtree(REPO / "tests" / "fixtures" / "fake_venv")
+
+
+# ---------------------------------------------------------------- one run
+def test_help_shows_real_defaults_only():
+    out = " ".join(run_cli([V1, "--help"]).stdout.split())
+    assert "(default: None)" not in out and "(default: False)" not in out
+    assert "(default from preset)" in out and "(default: 10)" in out
+
+
+def test_short_run_adapts_its_warm_up_and_prints_progress_from_the_first_step(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli([V1, "--preset", "tiny", "--num-steps", "2", "--output", out])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert lines[0].startswith("step     1/2") and "left" in lines[0]  # an estimate at once
+    result = json.loads(out.read_text())
+    assert result["run"]["warmup_steps"] == 1
+    # an ordinary file: readable by others (umask permitting), not 0600
+    assert stat.S_IMODE(os.stat(out).st_mode) & 0o044 == 0o044 & ~_umask()
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_v3_on_a_cpu_says_it_is_interpreted_and_runs_a_short_default(monkeypatch):
+    from harness import cli
+    args = cli.build_parser("v3", "").parse_args([])
+    assert cli.settings_from_args("v3", args, [], interpreted=True).num_steps == cli.INTERPRETER_NUM_STEPS
+    assert cli.settings_from_args("v3", args, []).num_steps == cli.DEFAULT_NUM_STEPS
+    assert "interpreter" in cli.INTERPRETER_NOTE
+
+
+def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_folder():
+    from harness import cli
+    from version2_fused import tiny_llama_v2 as v2
+
+    def name(*argv, version="v2"):
+        parser = cli.build_parser(version, "", v2.add_fusion_arguments)
+        args = parser.parse_args(list(argv))
+        settings = cli.settings_from_args(version, args, list(argv))
+        return Path(cli.default_output(settings, parser, args))
+
+    assert name().name == "v2_tiny.json"
+    assert name("--no-fused-qkv").name == "v2_tiny_no-fused-qkv.json"
+    assert name("--compile", "--compile-mode", "reduce-overhead").name == \
+        "v2_tiny_compile_compile-mode-reduce-overhead.json"
+    assert name("--num-steps", "7", "--quiet").name == "v2_tiny.json"  # run control: same run
+    profiled = name("--profile", "pytorch")
+    assert profiled.parts[-4:] == ("profiles", "v2", "pytorch", "results.json")
+
+
+# ---------------------------------------------------------------- make workshop
+def test_workshop_streams_progress_notes_cpu_and_replaces_stale_results(tmp_path, monkeypatch, capsys):
+    from harness import workshop
+
+    monkeypatch.setattr(workshop, "VERSIONS", {"v1": workshop.VERSIONS["v1"]})  # v1 only: seconds
+    (tmp_path / "v3.json").write_text("{}")  # from an older workshop
+    assert workshop.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "    v1 | step     1/3" in out  # the child's progress, as it trains
+    assert "do not show the GPU lessons" in out and "docs/RESULTS.md" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.json"]  # no stale mix
+    assert not list(tmp_path.parent.glob(f".{tmp_path.name}.*"))  # staging folder removed
+
+
+def test_an_interrupted_workshop_is_one_line_and_keeps_the_previous_results(tmp_path, monkeypatch, capsys):
+    from harness import workshop
+
+    (tmp_path / "v1.json").write_text("previous")
+
+    def interrupted(version, cmd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workshop, "run_version", interrupted)
+    assert workshop.main(["--quick", "--out-dir", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0]
+    assert (tmp_path / "v1.json").read_text() == "previous"
+
+
+# ---------------------------------------------------------------- analysis
+def test_roofline_without_ceilings_says_how_to_get_a_roof_and_uses_measured_ones(tmp_path, monkeypatch):
+    from analysis_tools import roofline
+
+    monkeypatch.setenv("ANALYSIS_OUT", str(tmp_path / "nowhere"))
+    out = roofline.draw_roofline(preset="tiny", precision="fp32", out_dir=tmp_path)
+    assert out["ceilings"] == [] and "python -m analysis_tools ceilings" in out["note"]
+    device = roofline.this_device_name("cpu")
+    (tmp_path / "ceilings.json").write_text(json.dumps({
+        "device": {"name": device}, "measured": {"matmul_tflops": {"fp32": 1.0}, "copy_gbs": 40.0}}))
+    out = roofline.draw_roofline(preset="tiny", precision="fp32", out_dir=tmp_path)
+    assert out["note"] is None and "measured" in out["ceilings"][0]["label"]
+    assert "ceilings.json" in out["ceilings"][0]["label"]
+
+
+def test_a_kernel_table_the_project_wrote_parses_back(tmp_path):
+    from profilers import kernel_table as kt
+    from profilers import parse
+
+    table = kt.KernelTable(rows=[kt._row("aten::mm", 3, 30.0, None, None, "pytorch")],
+                           source="pytorch", files=[], notes=[])
+    path = kt.write_csv(kt._finish(table.rows, "pytorch", [], []), tmp_path / "kernel_table.csv")
+    for tool in (None, "pytorch"):
+        back = parse(path, tool)
+        assert [r.name for r in back.rows] == ["aten::mm"] and back.rows[0].calls == 3
+    proc = run_cli(["-m", "profilers", "parse", path])
+    assert proc.returncode == 0 and "aten::mm" in proc.stdout
+
+
+def test_regress_says_how_to_make_a_baseline_and_prints_readable_values(tmp_path):
+    from analysis_tools.common import AnalysisError
+    from analysis_tools.regress import check_regressions, display_table
+
+    with pytest.raises(AnalysisError, match="cp results/workshop"):
+        check_regressions([tmp_path / "baseline"], [tmp_path])
+    table = __import__("pandas").DataFrame([
+        {"run": "v1", "metric": "gradient guard", "baseline": "passed, 21 params",
+         "new": "passed, 21 params", "change %": None, "tolerance %": None, "status": "ok"},
+        {"run": "v1", "metric": "throughput", "baseline": 16030.4, "new": 16100.0,
+         "change %": 0.43, "tolerance %": 5.0, "status": "ok"}])
+    shown = display_table(table)
+    assert list(shown["new"]) == ["passed, 21 params", "16,100 tok/s"]
+
+
+# ---------------------------------------------------------------- texts
+def test_exercise_texts_name_their_sources_and_hold_no_machine_notes():
+    texts = {p: p.read_text() for p in [REPO / "docs" / "ANALYSIS.md",
+                                         *(REPO / "exercises").rglob("*.md")]}
+    for path, text in texts.items():
+        for phrase in ("Seed 00", "seed 00", "Seeds 00", "$OUT/", "one call may last"):
+            assert phrase not in text, (path, phrase)
+    v1_1 = (REPO / "exercises" / "version1" / "01_operator_table.md").read_text()
+    assert "141 `_to_copy`" in v1_1 and "139 `_to_copy`" not in v1_1

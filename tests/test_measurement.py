@@ -1,0 +1,120 @@
+"""Measurements that must measure what they say: peak memory per run, the SDPA
+sweep's device time, the SDPA label of the kernel benchmark, the matmul ceiling,
+and comparisons of runs with different optimizers. CPU tests; their GPU
+counterparts are in test_gpu_parity.py."""
+import copy
+import importlib
+import json
+
+import pytest
+import torch
+
+from conftest import REPO, load_version, run_cli
+from harness import ModelConfig, ceilings
+
+
+def compare_versions():
+    return importlib.import_module("benchmarks.compare_versions")
+
+
+# ---- peak memory: each run's own ---------------------------------------------------------
+def test_compare_versions_peak_memory_is_each_runs_own(tmp_path, capsys):
+    """Memory held before a run (here by the comparing process) is not counted in its peak,
+    and the same pair measured twice reports the same peak within 2%."""
+    leftover = torch.ones(200 * 2**20)  # 800 MB held by this process, as an earlier run's would be
+    out = tmp_path / "compare.json"
+    code = compare_versions().main(["--preset", "tiny", "--device", "cpu", "--versions", "v1,v4",
+                                    "--modes", "eager", "--repeats", "2", "--num-steps", "3",
+                                    "--warmup-steps", "1", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err
+    runs = json.loads(out.read_text())["runs"]
+    for version in ("v1", "v4"):
+        peaks = [r["peak_memory_mb"] for r in runs if r["version"] == version]
+        assert len(peaks) == 2 and max(peaks) <= 1.02 * min(peaks), (version, peaks)
+        assert max(peaks) < leftover.numel() * 4 / 2**20, (version, peaks)
+    del leftover
+
+
+# ---- the SDPA sweep times the device, not the host ---------------------------------------
+def test_sdpa_sweep_times_many_calls_between_two_events(monkeypatch):
+    from harness import device as devices
+
+    v4 = load_version("v4")
+    calls, syncs = [0], [0]
+    sdpa, synchronize = v4.causal_sdpa, devices.synchronize
+
+    def counted_sdpa(*args, **kwargs):
+        calls[0] += 1
+        return sdpa(*args, **kwargs)
+
+    def counted_sync(device):
+        syncs[0] += 1
+        synchronize(device)
+
+    monkeypatch.setattr(v4, "causal_sdpa", counted_sdpa)
+    monkeypatch.setattr(devices, "synchronize", counted_sync)
+    cfg = ModelConfig(vocab_size=64, hidden_dim=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                      max_seq_len=32)
+    rows = compare_versions().sdpa_sweep(cfg, 2, 16, torch.device("cpu"), torch.float32, calls=10)
+    timed = [r for r in rows if "error" not in r]
+    assert {r["backend"] for r in timed} >= {"auto", "math"}
+    assert all(r["fwd_bwd_ms"] > 0 and r["timing"] == "back-to-back" for r in timed)
+    assert calls[0] >= 10 * syncs[0], (calls, syncs)  # not one synchronise per call
+
+
+# ---- the kernel benchmark's SDPA label ---------------------------------------------------
+def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
+    v4 = load_version("v4")
+    bench = importlib.import_module("version3_triton.bench_kernels")
+    seen = []
+    monkeypatch.setattr(v4, "probe_sdpa_kernel",
+                        lambda cfg, b, n, device, precision, *a, **k: seen.append(precision) or "flash")
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        assert bench.sdpa_kernel_name((2, 4, 4, 16, 16), dtype, torch.device("cpu")) == "flash"
+        assert seen[-1] == name
+
+
+# ---- the matmul ceiling ------------------------------------------------------------------
+def test_matmul_probe_reports_the_best_median_of_several_shapes(monkeypatch):
+    shapes = ((64, 64, 64), (128, 64, 32), (32, 64, 128))
+    monkeypatch.setitem(ceilings.MATMUL_SHAPES, "cpu", shapes)
+    medians = iter([2.0, 1.0, 4.0])  # ms, one per shape
+    monkeypatch.setattr(ceilings, "median_ms", lambda *a, **k: next(medians))
+    probe = ceilings.matmul_probe("cpu", "fp32")
+    flop = 2 * 64 * 64 * 64
+    assert probe["shapes"] == pytest.approx({"64x64x64": flop / 2e9, "128x64x32": flop / 1e9,
+                                             "32x64x128": flop / 4e9})
+    assert probe["tflops"] == pytest.approx(flop / 1e9)
+
+
+def _rows_for_ceiling_target(achieved_v4: float) -> list[dict]:
+    def row(version, mode, tps, achieved):
+        return {"version": version, "mode": mode, "exit_code": 0, "tokens_per_s": tps,
+                "achieved_tflops": achieved, "mfu_datasheet": achieved / 989}
+
+    return [row("v1", "eager", 100.0, 100.0), row("v4", "compile", 400.0, achieved_v4)]
+
+
+@pytest.mark.parametrize("spread, judged", [(1.0, True), (3.5, False), (None, False)])
+def test_ceiling_target_is_judged_only_on_a_stable_probe(spread, judged):
+    summary = compare_versions().Summary(_rows_for_ceiling_target(500.0), 800.0, spread)
+    (target,) = [t for t in summary.targets("medium") if "ceiling" in t["target"]]
+    assert target["value"] == pytest.approx(500 / 800)
+    assert target["mfu_datasheet"] == pytest.approx(500 / 989)  # shown beside it
+    assert (target["met"] is True) if judged else (target["met"] is None and "not judged" in target["note"])
+
+
+# ---- comparisons flag different optimizers -------------------------------------------------
+def test_compare_flags_runs_with_different_optimizers(tmp_path):
+    from analysis_tools.compare import suspicious
+    from harness.results import load
+
+    out = tmp_path / "v1.json"
+    proc = run_cli([REPO / "version1_baseline/tiny_llama_v1.py", "--preset", "tiny", "--device", "cpu",
+                    "--num-steps", "2", "--warmup-steps", "1", "--quiet", "--output", out])
+    assert proc.returncode == 0, proc.stderr
+    a = load(out)
+    b = copy.deepcopy(a)
+    b["run"]["optimizer"] = "fused"
+    assert not any("optimizers" in f for f in suspicious([a, copy.deepcopy(a)]))
+    assert any("different optimizers are compared (default, fused)" in f for f in suspicious([a, b]))

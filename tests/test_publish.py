@@ -1,0 +1,65 @@
+"""Published numbers come from their data: tools/publish.py --check, and the reproduce pipeline
+(`bash benchmarks/reproduce.sh --quick`: tiny preset on the CPU) from rows to a published set."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO))
+from tools import publish  # noqa: E402
+
+
+def test_every_published_block_matches_its_data():
+    """README.md, docs/RESULTS.md, the exercises and the version READMEs equal what
+    docs/published/<gpu>/summary.json says (or the placeholder, without a set)."""
+    proc = subprocess.run([sys.executable, "tools/publish.py", "--check"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_quotes_no_measured_number_outside_a_block():
+    text = publish.BLOCK.sub("", (REPO / "README.md").read_text())
+    assert "<!-- published:readme-table -->" in (REPO / "README.md").read_text()
+    assert not re.findall(r"\b\d{2,3},\d{3}\b", text), "a hand-copied throughput in README.md"
+
+
+def test_gpu_slug():
+    assert publish.gpu_slug("NVIDIA H200") == "h200"
+    assert publish.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert publish.gpu_slug("AMD Instinct MI300X") == "mi300x"
+
+
+def test_reproduce_quick_makes_a_published_set(tmp_path):
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "published" / "cpu-quick"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema"] == publish.SCHEMA and summary["git_commit"]
+    assert {r["version"] for r in summary["compare"]["medium"]["rows"]} == {"v1", "v4"}
+    assert summary["rows"]["levers/prec_fp32"]["ok"]
+    assert len(list(out.iterdir())) <= 25
+    with tarfile.open(tmp_path / "published" / "cpu-quick.tgz") as tar:
+        assert "cpu-quick/summary.json" in tar.getnames()
+    # Every number in a block is the data's: the V1 row of the README table.
+    v1 = next(r for r in summary["compare"]["medium"]["rows"] if r["version"] == "v1")
+    assert f"{v1['tokens_per_s']:,.0f}" in publish.render("readme-table", summary)
+    assert "`" + summary["git_commit"] + "`" in (out / "RESULTS.md").read_text()
+    # A second run skips every row; regress against the set itself passes.
+    again = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "compare-medium", "regress"],
+                           cwd=REPO, env={**env, "BASELINE": str(out)}, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "done before, skipped" in again.stdout and "no regression beyond tolerance" in again.stdout
+
+
+@pytest.mark.parametrize("name", sorted(publish.BLOCKS))
+def test_every_block_renders_a_placeholder_without_data(name):
+    assert publish.render(name, None) == publish.PLACEHOLDER

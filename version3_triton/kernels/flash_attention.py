@@ -1,0 +1,464 @@
+"""Causal flash attention: the PyTorch reference, the forward kernel, the two
+backward kernels, their launch configurations, the operator binding.
+
+softmax(Q K^T / sqrt(D) + causal mask) V, grouped-query heads, without ever writing
+the T x T scores to memory: attention traffic and memory go from O(T^2) to O(T).
+Tiles are *loaded* in the input precision (that is where the memory traffic is);
+every sum, max and exp is fp32 (bf16's 8-bit mantissa would lose the small terms
+of a softmax over 2048 keys); only the tiles that feed the matrix units are cast back.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.utils.flop_counter
+import triton
+import triton.language as tl
+
+from . import common
+from .common import KernelSpec
+
+MAX_HEAD_DIM = 128
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The textbook maths of version 1: the (B, H, T, T) scores, written out."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    T = q.shape[2]
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    probs = scores.masked_fill(future, float("-inf")).softmax(-1, dtype=torch.float32)
+    return probs.type_as(q) @ v
+
+
+# Standard attention materialises S = Q K^T (T x T per head), softmaxes it and
+# multiplies by V: O(T^2) memory traffic. Flash attention tiles Q into blocks of
+# BLOCK_M rows and streams K and V past them in blocks of BLOCK_N rows. For each
+# (query block, key block) pair the scores are computed in registers, folded
+# into running softmax statistics, and thrown away.
+#
+# Online softmax: for a row with scores s_1..s_n, softmax needs the max m and
+# the sum l = sum exp(s_j - m). Seeing keys block by block, keep a running
+# (m, l, acc = sum exp(s_j - m) v_j). When a new block raises the max to m',
+# the old terms were scaled by exp(-m) and must be scaled by exp(-m'):
+# multiply l and acc by alpha = exp(m - m'). At the end O = acc / l.
+# We also store LSE = m + log(l) per row: it is all the backward needs to
+# rebuild P = exp(S - LSE) exactly, without storing P (T x T) in the forward.
+#
+# Implementation notes:
+# - exp2 instead of exp: exp(x) = exp2(x * log2(e)). The scale 1/sqrt(D) and
+#   log2(e) are folded into one multiplier, and LSE is kept in base-2 units.
+# - Causal block skipping: query block i only needs key blocks 0..i. Blocks
+#   strictly left of the diagonal need no mask at all; only the diagonal block
+#   pays for the `row >= col` comparison. Hence two stages per kernel.
+# - GQA: query head h reads key/value head h // GROUP_SIZE directly; the
+#   repeated K/V of version 1 are never built.
+# - Head sizes that are not a power of two (e.g. 96) are padded to BLOCK_D in
+#   registers; the padded columns load as zeros and are never stored.
+@triton.jit
+def _load_rows(base, stride, rows, n_rows, cols, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr):
+    """Load the tile base[rows, cols] (rows `stride` apart, columns contiguous).
+
+    Only what can run out of bounds is masked: rows past the sequence end when
+    CHECK_ROWS, columns when the head size was padded to BLOCK_D. Both are
+    compile-time constants, so an in-bounds tile is loaded with no mask at all.
+    """
+    ptrs = base + rows[:, None] * stride + cols[None, :]
+    if CHECK_ROWS:
+        if BLOCK_D != HEAD_DIM:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if BLOCK_D != HEAD_DIM:
+            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_rows(base, stride, value, rows, n_rows, cols, HEAD_DIM: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    ptrs = base + rows[:, None] * stride + cols[None, :]
+    if BLOCK_D != HEAD_DIM:
+        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
+    else:
+        tl.store(ptrs, value, mask=rows[:, None] < n_rows)
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
+                    lo, hi, qk_scale, N_CTX,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold key/value blocks [lo, hi) into the running softmax of one query block."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        # Off-diagonal key blocks lie entirely before this query block, so they
+        # are in bounds; only the diagonal block can reach past the sequence end.
+        k = _load_rows(k_base, stride_kt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if ON_DIAGONAL:  # causal mask; it also hides keys past the sequence end
+            qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        # P goes back to the input precision for the tensor cores; acc stays fp32.
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, LSE,
+                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                     num_heads, N_CTX, qk_scale,
+                     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when torch.compile launches us (see RMSNorm)
+    # Causal: the last query blocks see the most keys. Handing out the
+    # blocks last-first starts the long programs early and shortens the tail.
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)  # 64-bit offsets: big tensors overflow int32
+    h = pid_bh % num_heads
+    kv_h = h // GROUP_SIZE
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = start_m * BLOCK_M
+    # Stage 1: key blocks left of the diagonal - no masks.
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+                                    offs_m, offs_d, 0, diag, qk_scale, N_CTX,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    # Stage 2: the diagonal block, causal mask on. Every row keeps at least key
+    # `diag` (<= its own index), so no row is all -inf and nothing becomes NaN.
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
+                                    offs_m, offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX),
+                                    qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+                                    DOT_PRECISION)
+    o = acc / l_i[:, None]
+    _store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
+                N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+    tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
+
+
+# Backward. With S = scale * Q K^T, P = softmax(S), O = P V and dO given:
+#   dV = P^T dO        dP = dO V^T        dS = P * (dP - delta)
+#   dQ = scale * dS K  dK = scale * dS^T Q
+# where delta_i = sum_j P_ij dP_ij = sum_d O_id dO_id (one number per row).
+# P is *recomputed* from Q, K and the saved LSE: recomputing costs FLOPs,
+# storing it would cost T^2 memory. Two kernels share the work without
+# atomics: one program per query block accumulates dQ over every key block,
+# and one program per key block accumulates dK, dV over every query block (and
+# every query head of its GQA group). Why two kernels: dQ sums over keys, dK and
+# dV over queries; one kernel doing both would have many programs adding into the
+# same dQ rows at once (atomics: slower, and the sum order - the bits - would
+# change from run to run). The dQ kernel runs first: it loads its
+# rows of dO anyway, so it also computes their delta and stores it for the
+# dK/dV kernel - no separate "preprocess" kernel (one launch less).
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                         stride_qt, stride_dot, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add the contribution of query blocks [lo, hi) to one key block's dK, dV.
+
+    Works on transposed tiles (keys along rows) so dK and dV come out as rows.
+    Query rows past the sequence end load as zeros (dO = 0, delta = 0, LSE = 0),
+    which makes their P^T dO and dS^T exactly zero: no extra mask is needed.
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, stride_qt, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load_rows(do_base, stride_dot, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
+        lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX, other=0.0)
+        # Recompute P^T for this tile from the saved log-sum-exp.
+        qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.exp2(qk_t * qk_scale - lse[None, :])
+        if ON_DIAGONAL:
+            p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
+                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                          stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                          stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+                          num_kv_heads, N_CTX, sm_scale, qk_scale,
+                          GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
+    start_n = tl.program_id(0)  # low key blocks see the most queries and run first
+    pid_bkv = tl.program_id(1)
+    b = (pid_bkv // num_kv_heads).to(tl.int64)
+    kv_h = pid_bkv % num_kv_heads
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    # This key/value block stays in registers while every query block streams past.
+    k = _load_rows(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    diag = start_n * BLOCK_N
+    num_heads = num_kv_heads * GROUP_SIZE
+    for g in range(GROUP_SIZE):  # GQA: every query head that shares this K/V head
+        h = kv_h * GROUP_SIZE + g
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        row0 = (b * num_heads + h) * N_CTX
+        # Causal: only queries at or after this key block attend to it.
+        # Stage 1: the diagonal block (mask on). Stage 2: every block below it.
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
+                                      stride_qt, stride_dot, offs_n, offs_d,
+                                      diag, tl.minimum(diag + BLOCK_N, N_CTX), qk_scale, N_CTX,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, True, DOT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
+                                      stride_qt, stride_dot, offs_n, offs_d,
+                                      diag + BLOCK_N, N_CTX, qk_scale, N_CTX,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, False, DOT_PRECISION)
+    dk *= sm_scale  # the chain rule through S = scale * Q K^T
+    _store_rows(DK + b * stride_dkb + kv_h * stride_dkh, stride_dkt, dk.to(DK.dtype.element_ty),
+                offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+    _store_rows(DV + b * stride_dvb + kv_h * stride_dvh, stride_dvt, dv.to(DV.dtype.element_ty),
+                offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt,
+                       offs_m, offs_d, lo, hi, qk_scale, N_CTX,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add the contribution of key blocks [lo, hi) to one query block's dQ."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, stride_kt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * qk_scale - lse[:, None])
+        if ON_DIAGONAL:
+            p = tl.where(offs_m[:, None] >= cols[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
+                        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                        stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                        stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
+                        num_heads, N_CTX, sm_scale, qk_scale,
+                        GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first, as in the forward
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = pid_bh % num_heads
+    kv_h = h // GROUP_SIZE
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
+                    HEAD_DIM, BLOCK_D, True)
+    lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
+    o = _load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
+                   HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # rows past the end: 0
+    tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)  # for dK/dV
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = start_m * BLOCK_M
+    # Stage 1: the diagonal block (mask on). Stage 2: every key block left of it.
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
+                            offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
+                            offs_d, 0, diag, qk_scale, N_CTX,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION)
+    dq *= sm_scale
+    _store_rows(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, dq.to(DQ.dtype.element_ty),
+                offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+
+
+
+
+# ---- launch configurations ------------------------------------------------------------
+def _spec(kernel: str) -> KernelSpec:
+    return KernelSpec(
+        kernel, lambda target: common.attention_configs(kernel, target),
+        lambda config, width, elem_bytes: common.attention_shared_bytes(kernel, config, width,
+                                                                         elem_bytes),
+        lambda args, constexprs: (constexprs["HEAD_DIM"], args["Q"].element_size()),
+        common.attention_block_check(kernel))
+
+
+FWD, DKDV, DQ = (_spec(k) for k in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"))
+common.SPECS.update({s.name: s for s in (FWD, DKDV, DQ)})
+# What the best tile depends on: sequence length, head size, GQA group, dtype
+# (the autotuner adds the tensors' dtypes) - not batch or head count.
+TUNING_KEY = ["N_CTX", "GROUP_SIZE", "HEAD_DIM", "DOT_PRECISION"]
+
+
+# ---- launchers ---------------------------------------------------------------------------
+_LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
+
+
+def _check_inputs(q, k, v) -> None:
+    common.check_device(q)
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"flash_attention wants q (B, H, T, D), k and v (B, H_kv, T, D); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} are not a multiple of kv heads {k.shape[1]}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q.shape[-1]} is not supported (1..{MAX_HEAD_DIM})")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if common.INTERPRET and q.dtype == torch.bfloat16:
+        raise ValueError("Triton's CPU interpreter computes bf16 tl.dot wrongly: "
+                         "use fp32 or fp16 on the CPU")
+
+
+def _outputs(q: torch.Tensor):
+    """O is (B, T, H, D) memory seen as (B, H, T, D): the model's reshape to (B, T, H*D)
+    is free. Shared by the op and its fake, so both report the same strides."""
+    B, H, T, D = q.shape
+    o = common.empty((B, T, H, D), q.dtype, q.device).transpose(1, 2)
+    return o, common.empty((B, H, T), torch.float32, q.device)
+
+
+def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    return tuple(common.empty(t.shape, t.dtype, t.device) for t in (q, k, v))
+
+
+def _strides(t: torch.Tensor):
+    return t.stride()[:3]  # batch, head, position (the head dim has stride 1)
+
+
+def _head_meta(q, k) -> dict:
+    D = q.shape[-1]
+    # fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too.
+    tf32 = (q.dtype == torch.float32 and common.backend() == "cuda"
+            and torch.backends.cuda.matmul.allow_tf32)
+    return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
+                BLOCK_D=max(16, common.next_power_of_2(D)), DOT_PRECISION="tf32" if tf32 else "ieee")
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal flash attention forward. Returns (o, lse); lse is in log2 units."""
+    _check_inputs(q, k, v)
+    q, k, v = map(common.last_dim_contiguous, (q, k, v))
+    B, H, T, D = q.shape
+    o, lse = _outputs(q)
+    if o.numel():
+        common.launch(FWD, _attn_fwd_kernel, TUNING_KEY,
+                      lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                      q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+                      H, T, sm_scale * _LOG2_E, **_head_meta(q, k))
+    return o, lse
+
+
+def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor,
+                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal flash attention backward: the dQ kernel, then the dK/dV kernel."""
+    grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
+    B, H, T, D = q.shape
+    H_kv = k.shape[1]
+    dq, dk, dv = _grads(q, k, v)
+    if q.numel() == 0:
+        return dq, dk, dv
+    meta = _head_meta(q, k)
+    delta = common.empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
+    common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
+                  lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                  q, k, v, o, grad_o, dq, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+                  *_strides(o), *_strides(grad_o), *_strides(dq), H, T, sm_scale,
+                  sm_scale * _LOG2_E, **meta)
+    common.launch(DKDV, _attn_bwd_dkdv_kernel, TUNING_KEY,
+                  lambda c: (common.cdiv(T, c["BLOCK_N"]), B * H_kv),
+                  q, k, v, grad_o, dk, dv, lse, delta, *_strides(q), *_strides(k), *_strides(v),
+                  *_strides(grad_o), *_strides(dk), *_strides(dv), H_kv, T, sm_scale,
+                  sm_scale * _LOG2_E, **meta)
+    return dq, dk, dv
+
+
+# ---- the operators, autograd and the FLOP count ------------------------------------------
+_forward_op = common.define_op("attention_forward", attention_forward,
+                               lambda q, k, v, sm_scale: _outputs(q))
+_backward_op = common.define_op("attention_backward", attention_backward,
+                                lambda grad_o, q, k, v, o, lse, sm_scale: _grads(q, k, v))
+
+
+class FlashAttention(torch.autograd.Function):
+    """Causal softmax(Q K^T * scale) V with the Triton kernels; saves only O and LSE."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sm_scale):
+        forward = _forward_op if common.through_operators() else attention_forward
+        o, lse = forward(q, k, v, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)  # no T x T tensor: backward recomputes P
+        ctx.sm_scale = sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        backward = _backward_op if common.through_operators() else attention_backward
+        return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
+
+
+
+# FlopCounterMode counts attention as PyTorch counts SDPA (4*B*H*Tq*Tk*D forward,
+# no causal discount, backward 2.5x), so V3 and V4 report the same FLOPs.
+def _forward_flops(q_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+    b, h, t_q, d = q_shape
+    return 4 * b * h * t_q * k_shape[2] * d
+
+
+def _backward_flops(grad_shape, q_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+    return int(2.5 * _forward_flops(q_shape, k_shape))
+
+
+_OPS = getattr(torch.ops, common.LIBRARY)
+torch.utils.flop_counter.register_flop_formula(_OPS.attention_forward)(_forward_flops)
+torch.utils.flop_counter.register_flop_formula(_OPS.attention_backward)(_backward_flops)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    sm_scale: float | None = None) -> torch.Tensor:
+    """Causal attention. q: (B, H, T, D); k, v: (B, H_kv, T, D), H % H_kv == 0.
+
+    Same result as F.scaled_dot_product_attention(q, k, v, is_causal=True,
+    enable_gqa=True). The output is a (B, H, T, D) view of (B, T, H, D) memory.
+    """
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return FlashAttention.apply(q, k, v, scale)

@@ -1,0 +1,231 @@
+"""RMSNorm, y = x / sqrt(mean(x^2) + eps) * w: the PyTorch reference, the forward
+kernel, the backward kernel, their launch configuration, the operator binding.
+
+A memory-bound row reduction: per element one read, one write and a handful of
+FLOPs, so the kernel's only job is to touch HBM once. A program owns BLOCK_ROWS
+whole rows, so the row sum is a register reduction - no second pass, no atomics.
+
+Why fp32 accumulation: bf16 keeps 8 bits of mantissa, so a sum of 1024 squares
+loses the small terms entirely. Rows are *loaded* in the input precision (that
+is where the memory traffic is) and every sum is done in fp32 registers.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional  # custom_op reads the annotations (Python 3.9: no `X | None`)
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common
+from .common import KernelSpec, Target
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Version 1's maths: the statistic in fp32, the result in x * weight's dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+# ---- forward ------------------------------------------------------------------------
+@triton.jit
+def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: stay in fp32
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_COLS)[None, :]  # (1, BLOCK_COLS): the same 2D layout as x
+    # Masks cover the ragged edges: hidden sizes that are not a power of two
+    # and a last tile with fewer than BLOCK_ROWS rows.
+    mask = (rows[:, None] < n_rows) & (cols < n_cols)
+    x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # fp32: see the docstring
+    y = x * rstd[:, None] * w
+    tl.store(Y + rows[:, None] * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    # Saving 4 bytes per row lets the backward skip recomputing the reduction.
+    tl.store(RSTD + rows, rstd, mask=rows < n_rows)
+
+
+# ---- backward -----------------------------------------------------------------------
+# With x_hat = x * rstd and g = dy * w:
+#   dx = rstd * (g - x_hat * mean(g * x_hat))      (per row)
+#   dw = sum over rows of dy * x_hat                (per column)
+# dx is per row, like the forward. dw sums over *all* rows, which many programs
+# share: each program accumulates the rows it owns into a private fp32 partial
+# sum and writes it out; a tiny reduction over programs finishes the job. That
+# is deterministic, unlike atomically adding into one shared dw. The partial
+# sum is kept as a whole tile and summed over its rows only once at the end:
+# element-wise adds in the loop, no cross-thread reduction per step.
+@triton.jit
+def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, rows_per_program,
+                        stride_dy, stride_x, stride_dx,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_COLS)[None, :]
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_ROWS, BLOCK_COLS), dtype=tl.float32)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for first in range(row_start, row_end, BLOCK_ROWS):
+        rows = first + tl.arange(0, BLOCK_ROWS)
+        mask = (rows[:, None] < row_end) & (cols < n_cols)
+        x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=rows < row_end, other=0.0)
+        x_hat = x * rstd[:, None]
+        g = dy * w
+        mean_gx = tl.sum(g * x_hat, axis=1) / n_cols
+        dx = (g - x_hat * mean_gx[:, None]) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * x_hat  # rows past the end loaded as zeros and add nothing
+    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw, axis=0)[None, :], mask=cols < n_cols)
+
+
+# ---- launch configuration: a rule, not a search ----------------------------------------
+MAX_NORM_COLS = 65536  # one row must fit in one program's registers
+NORM_SCRATCH_BYTES = 16 * 1024
+
+
+def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None) -> dict:
+    """The RMSNorm launch configuration for rows of n_cols elements.
+
+    BLOCK_COLS = next_power_of_2(n_cols) holds a whole row. Short rows are
+    stacked BLOCK_ROWS per program so each program still moves a few KiB.
+    Forward: ~8 elements per thread (16 bytes of bf16: one vectorised load per
+    thread per row), a tile of at least 1024 elements. Backward: each program
+    loops over many rows keeping x, dy and its dw partial sum per element, so
+    ~16 elements per thread in tiles of at least 2048 - few enough registers
+    that the ~4 programs per compute unit it launches all fit at once.
+    At most 16 warps: very wide rows (>= 16k) then hold more per thread and
+    spill registers to memory - slower, still correct.
+    """
+    cols = common.next_power_of_2(n_cols)
+    per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
+    rows = max(1, min_tile // cols)
+    lanes = (target or common.current_target()).warp_size
+    warps = min(16, max(1, rows * cols // (per_thread * lanes)))
+    return dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
+
+
+def _check(config: dict) -> None:
+    if "BLOCK_ROWS" not in config:
+        raise ValueError("rmsnorm: the config needs BLOCK_ROWS")
+
+
+def _spec(kernel: str) -> KernelSpec:
+    # The autotuner's list is what the rule gives for every row width; the prune
+    # keeps the one for this width, so nothing is ever timed. RMSNorm stages no
+    # tiles in shared memory: rows stay in registers and only the row/column sums
+    # swap partial results through a scratch area (<= 8 KiB for every config and
+    # hidden size up to 64k, both vendors), counted as 16 KiB.
+    def every_width(target):
+        return list({str(c): c for c in (rmsnorm_config(kernel, 1 << i, target)
+                                          for i in range(17))}.values())
+    return KernelSpec(kernel, every_width, lambda config, width, elem: NORM_SCRATCH_BYTES,
+                      lambda args, constexprs: (constexprs["BLOCK_COLS"], 4), _check,
+                      rule=lambda target, width: rmsnorm_config(kernel, width, target))
+
+
+FWD, BWD = common.SPECS["rmsnorm_fwd"], common.SPECS["rmsnorm_bwd"] = (
+    _spec("rmsnorm_fwd"), _spec("rmsnorm_bwd"))
+
+
+# ---- launchers -------------------------------------------------------------------------
+def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    rows = t.reshape(-1, n_cols)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _block_cols(n_cols: int) -> int:
+    if n_cols > MAX_NORM_COLS:
+        raise ValueError(f"rms_norm: hidden size {n_cols} is above {MAX_NORM_COLS}, the most one "
+                         f"program keeps in registers in this teaching kernel")
+    return common.next_power_of_2(n_cols)
+
+
+def _outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
+    """Allocate y and rstd (shared by the real op and its fake for torch.compile)."""
+    dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
+    return common.empty(x.shape, dtype, x.device), common.empty(x.shape[:-1], torch.float32,
+                                                                x.device)
+
+
+def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
+    the dtype PyTorch's `x * weight` would have (same as version 1)."""
+    common.check_device(x)
+    n_cols = x.shape[-1]
+    block_cols = _block_cols(n_cols)
+    x2 = _as_rows(x, n_cols)
+    y, rstd = _outputs(x, weight, out_dtype)
+    n_rows = x2.shape[0]
+    if n_rows:
+        common.launch(FWD, _rmsnorm_fwd_kernel, ["BLOCK_COLS"],
+                      lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
+                      x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
+                      BLOCK_COLS=block_cols)
+    return y, rstd
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_units(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(x: torch.Tensor, n_rows: int) -> int:
+    """One wave of programs: ~4 per compute unit, each walking a contiguous chunk of
+    rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100)."""
+    return max(1, min(n_rows, 4 * _compute_units(x.device) if x.is_cuda else 3))
+
+
+def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward kernel. Returns (grad_x, grad_weight)."""
+    n_cols = x.shape[-1]
+    block_cols = _block_cols(n_cols)
+    x2, dy2 = _as_rows(x, n_cols), _as_rows(grad_y, n_cols)
+    n_rows = x2.shape[0]
+    dx = common.empty((n_rows, n_cols), x.dtype, x.device)
+    if n_rows == 0:
+        return dx.view(x.shape), torch.zeros_like(weight)
+    programs = _programs(x, n_rows)
+    partial = common.empty((programs, n_cols), torch.float32, x.device)
+    common.launch(BWD, _rmsnorm_bwd_kernel, ["BLOCK_COLS"], lambda c: (programs,),
+                  dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, common.cdiv(n_rows, programs),
+                  dy2.stride(0), x2.stride(0), n_cols, BLOCK_COLS=block_cols)
+    return dx.view(x.shape), partial.sum(dim=0).to(weight.dtype)
+
+
+# ---- the operators and autograd -----------------------------------------------------------
+_forward_op = common.define_op(
+    "rmsnorm_forward", rmsnorm_forward,
+    lambda x, weight, eps, out_dtype=None: _outputs(x, weight, out_dtype))
+_backward_op = common.define_op(
+    "rmsnorm_backward", rmsnorm_backward,
+    lambda grad_y, x, weight, rstd: (common.empty(x.shape, x.dtype, x.device),
+                                     common.empty(weight.shape, weight.dtype, weight.device)))
+
+
+class TritonRMSNorm(torch.autograd.Function):
+    """y = rms_norm(x) * weight, with the Triton forward and backward kernels."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, out_dtype=None):
+        forward = _forward_op if common.through_operators() else rmsnorm_forward
+        y, rstd = forward(x, weight, eps, out_dtype)
+        ctx.save_for_backward(x, weight, rstd)  # 4 bytes per row: no second reduction
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        backward = _backward_op if common.through_operators() else rmsnorm_backward
+        dx, dw = backward(grad_y, *ctx.saved_tensors)
+        return dx, dw, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+             out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """RMSNorm over the last dimension (Triton forward + backward)."""
+    return TritonRMSNorm.apply(x, weight, eps, out_dtype)
