@@ -123,6 +123,11 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
     if tk.INTERPRET and any_kernel:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]
+    elif triton_attention and tk.backend() == "hip" and torch.cuda.is_available():
+        slow = tk.attention_warning(tk.current_target())  # MI50, Radeon: no tuned configs
+        if slow:
+            print(f"warning: {slow}", file=sys.stderr)
+            model.run_warnings = [slow]
     return model
 
 

@@ -70,6 +70,27 @@ def nvidia_target(capability: int, shared_bytes: Optional[int] = None) -> Target
     return Target("cuda", f"sm_{capability}", shared_bytes or default, 32)
 
 
+# The AMD GPUs the launch configurations are checked on: `python -m
+# version3_triton.codegen` compiles every config the chooser can pick for them with
+# no spills, inside LDS, attention on MFMA (tests/test_codegen.py keeps it so).
+TUNED_AMD = ("gfx90a", "gfx942", "gfx950")
+
+
+def attention_warning(target: Target) -> Optional[str]:
+    """One line for GPUs where V3's attention is known to be slow, else None."""
+    if target.backend != "hip" or target.arch.startswith(TUNED_AMD):
+        return None
+    if target.arch.startswith(("gfx10", "gfx11", "gfx12")):  # Radeon: wave32, WMMA at most
+        why = "its tiles are tuned for Instinct GPUs (64-lane wavefronts, MFMA), not for Radeon"
+    elif not target.mfma:  # MI50 and older: gfx906 in `python -m version3_triton.codegen`
+        why = ("no MFMA matrix cores: every tile is plain FMAs and its registers spill to "
+               "memory (`python -m version3_triton.codegen --targets gfx906`)")
+    else:
+        why = "its configurations are not checked for this GPU"
+    return (f"V3's Triton attention is slow on {target.arch}: {why}; run with "
+            f"--no-triton-attention or use version 4")
+
+
 def backend() -> str:
     """'interpreter', 'hip' (AMD ROCm) or 'cuda' (NVIDIA): picks the config list."""
     if INTERPRET:
@@ -123,21 +144,20 @@ ATTENTION_CONFIGS = {
     "attn_fwd": {
         "cuda": cfgs((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3),
                      (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2)),
-        "hip": cfgs((128, 64, 4, 1, 2), (128, 32, 4, 1, 2), (64, 64, 4, 1, 3), **_MFMA16)
+        "hip": cfgs((128, 64, 4, 1, 2), (128, 32, 4, 1, 2), (64, 64, 4, 1, 2), **_MFMA16)
         + [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
         "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
     },
     "attn_bwd_dkdv": {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
         "cuda": cfgs((32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 3), (16, 64, 8, 3),
                      (64, 64, 8, 3), (32, 128, 8, 2), (16, 128, 8, 2)),
-        "hip": cfgs((32, 128, 4, 1, 1), (32, 64, 4, 1, 2), (16, 64, 4, 1, 2), **_MFMA16)
-        + [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+        "hip": cfgs((32, 64, 4, 1, 2), (16, 64, 4, 1, 2), (16, 32, 4, 1, 2), **_MFMA16),
         "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
     },
     "attn_bwd_dq": {  # BLOCK_M = query rows per program, BLOCK_N = keys per step
-        "cuda": cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 4, 3),
-                     (128, 32, 8, 3), (128, 64, 8, 3)),
-        "hip": cfgs((128, 32, 4, 1, 1), (64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
+        "cuda": cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 8, 3),
+                     (128, 64, 8, 3)),
+        "hip": cfgs((64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
         + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
         "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
     },
