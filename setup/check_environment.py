@@ -176,7 +176,34 @@ def check_device() -> list[Check]:
     else:
         checks.append(Check("bf16", "warn", f"no bf16 on {d['arch']}: runs default to fp16 "
                                             "with loss scaling", "use --precision fp16 or fp32"))
+    amd = check_amd_target()
+    if amd is not None:
+        checks.append(amd)
     return checks
+
+
+def check_amd_target() -> Check | None:
+    """On ROCm: the GPU's gfx target and whether V3's Triton kernels are tuned for it."""
+    import torch
+
+    if not getattr(torch.version, "hip", None):
+        return None
+    try:
+        arch = str(torch.cuda.get_device_properties(0).gcnArchName).split(":")[0]
+    except Exception as e:
+        return Check("v3 amd target", "info", f"gfx target unknown: {str(e)[:120]}")
+    try:
+        from version3_triton.kernels import common
+        warning = common.attention_warning(common.amd_target(arch))
+        tuned = common.TUNED_AMD
+    except Exception as e:
+        return Check("v3 amd target", "info", f"{arch}: V3's kernels could not be imported "
+                                              f"({type(e).__name__}: {str(e)[:120]})")
+    if warning is None and arch.startswith(tuned):
+        return Check("v3 amd target", "ok", f"{arch}: V3's Triton kernels are tuned for this GPU")
+    return Check("v3 amd target", "warn", warning or f"{arch}: V3's Triton kernels are not "
+                 f"tuned for this GPU (tuned: {', '.join(tuned)})",
+                 "python -m version3_triton.codegen --targets " + arch + " shows the compiled code")
 
 
 def check_arch_in_build(arch: str | None, built_for: list[str]) -> Check:

@@ -82,3 +82,46 @@ def test_rocm_environment_variables_are_reported():
     assert proc.returncode == 0
     assert "HSA_OVERRIDE_GFX_VERSION=9.0.6: the ROCm runtime treats the GPU as gfx906" in proc.stdout
     assert "HIP_VISIBLE_DEVICES=0" in proc.stdout
+
+
+def _fake_rocm_device(monkeypatch, gcn_arch_name):
+    """Import the checker as a module and make torch report a ROCm GPU of this gfx target."""
+    import importlib.util
+    import sys
+    import types
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("check_environment_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index=0: types.SimpleNamespace(gcnArchName=gcn_arch_name))
+    return module
+
+
+def test_rocm_gpu_reports_a_tuned_gfx_target(monkeypatch):
+    module = _fake_rocm_device(monkeypatch, "gfx942:sramecc+:xnack-")
+    check = module.check_amd_target()
+    assert check.name == "v3 amd target" and check.status == "ok"
+    assert "gfx942" in check.detail and "tuned" in check.detail
+    assert "sramecc" not in check.detail
+
+
+def test_rocm_gpu_warns_on_an_untuned_gfx_target(monkeypatch):
+    module = _fake_rocm_device(monkeypatch, "gfx906:sramecc+:xnack-")
+    check = module.check_amd_target()
+    assert check.status == "warn"
+    assert "gfx906" in check.detail and "MFMA" in check.detail
+    assert "--no-triton-attention" in check.detail
+    assert "sramecc" not in check.detail
+
+
+def test_no_amd_target_line_without_rocm(monkeypatch):
+    import torch
+
+    module = _fake_rocm_device(monkeypatch, "gfx942")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert module.check_amd_target() is None
