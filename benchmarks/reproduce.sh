@@ -30,7 +30,7 @@ fi
 PY=$PYTHON
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa publish regress)
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops publish regress)
 describe_step() {
     case $1 in
         env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
@@ -44,6 +44,7 @@ describe_step() {
         fusion)         echo "~3 min    fusion/: V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~2 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~3 min    sdpa/: V4 with each SDPA backend; V4 medium with CUDA/HIP graphs" ;;
+        flops)          echo "~2 min    flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac
@@ -70,7 +71,7 @@ if [ $QUICK = 1 ]; then
     # The pipeline on a CPU: tiny preset, 4 steps, two comparison rows and one lever row.
     DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1
     GPU=${GPU:-cpu-quick}
-    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers publish regress)
+    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
     DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=10; REPEATS=2
     if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -208,6 +209,20 @@ run_step() {
     sdpa)
         for b in auto flash efficient cudnn math; do
             OK_EXIT="2 3" train sdpa backend_$b $V4 --preset $MEDIUM --precision bf16 --sdpa-backend $b
+        done ;;
+    flops)
+        # V3 runs its Triton kernels in the CPU interpreter (~40 s): --quick leaves it out
+        local versions=(v1 v2 v3 v4); [ $QUICK = 1 ] && versions=(v1 v2 v4)
+        for v in "${versions[@]}"; do
+            local F="$W/flops/$v"
+            if have "$F/flopcounter/flops.json" && have "$F/deepspeed/flops.json"; then
+                say "   flops/$v: done before, skipped"; continue
+            fi
+            mkdir -p "$F"
+            # A missing tool is a "skipped:" line (exit 0); only a failed profiled run fails
+            timeout 300 ./run_all_profilers.sh "$v" --preset "$SMALL" --only flopcounter,deepspeed \
+                --out "$F" > "$W/flops/$v.log" 2>&1 || failed=1
+            grep -E "^(ran|skipped|failed):" "$W/flops/$v.log" | sed "s/^/   flops\/$v /" | tee -a "$LOG"
         done ;;
     publish)
         $PY tools/publish.py collect "$W" "$PUB" || failed=1 ;;

@@ -45,6 +45,8 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     assert summary["schema"] == publish.SCHEMA and summary["git_commit"]
     assert {r["version"] for r in summary["compare"]["medium"]["rows"]} == {"v1", "v4"}
     assert summary["rows"]["levers/prec_fp32"]["ok"]
+    assert ("v1", "flopcounter", "step") in {(r["version"], r["tool"], r["scope"])
+                                            for r in summary["flop_counters"]}
     assert len(list(out.iterdir())) <= 25
     with tarfile.open(tmp_path / "published" / "cpu-quick.tgz") as tar:
         assert "cpu-quick/summary.json" in tar.getnames()
@@ -63,3 +65,27 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
 @pytest.mark.parametrize("name", sorted(publish.BLOCKS))
 def test_every_block_renders_a_placeholder_without_data(name):
     assert publish.render(name, None) == publish.PLACEHOLDER
+
+
+def test_collect_publishes_the_flop_counters(tmp_path):
+    """reproduce's flops step leaves <work>/flops/<v>/<tool>/flops.json; collect turns them into
+    summary["flop_counters"] and the flop-counters block quotes them (no profiler is run here)."""
+    work, out = tmp_path / "work" / "cpu-test", tmp_path / "published" / "cpu-test"
+    fixtures = {"flopcounter": {"tool": "flopcounter", "scope": "step", "counted_flops": 88080384,
+                                "analytic_flops": 94371840, "ratio": 0.9333333333333333},
+                "deepspeed": {"tool": "deepspeed", "scope": "forward", "counted_flops": 29409280,
+                              "analytic_flops": 31457280, "ratio": 0.9348958333333334, "macs": 14680064}}
+    for tool, data in fixtures.items():
+        (work / "flops" / "v3" / tool).mkdir(parents=True)
+        (work / "flops" / "v3" / tool / "flops.json").write_text(json.dumps(data))
+    summary = publish.collect(work, out)
+    assert summary["flop_counters"] == [
+        {"version": "v3", "tool": "flopcounter", "scope": "step", "counted": 88080384,
+         "analytic": 94371840, "ratio": 0.9333333333333333},
+        {"version": "v3", "tool": "deepspeed", "scope": "forward", "counted": 29409280,
+         "analytic": 31457280, "ratio": 0.9348958333333334, "macs": 14680064}]
+    assert json.loads((out / "summary.json").read_text())["flop_counters"] == summary["flop_counters"]
+    block = publish.render("flop-counters", summary)
+    assert "| V3 Triton | DeepSpeed FLOPS profiler | forward only, one step | 29,409,280 | 31,457,280 | 0.935 |" in block
+    assert "88,080,384" in block and "0.933" in block
+    assert "<!-- published:flop-counters -->\n" + block in (out / "RESULTS.md").read_text()

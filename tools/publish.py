@@ -13,6 +13,7 @@ A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`
     kernels.json          version3_triton/bench_kernels.py
     ceilings.json         python -m analysis_tools ceilings
     memory_check.json     python -m analysis_tools memory: the model against measured peaks
+    flop_counters         (in summary.json) DeepSpeed's and FlopCounterMode's counts against the formula
     rows.json             the full results JSON of every other row (exercise answers)
     environment.txt       setup/check_environment.py
     *.png                 throughput and step-time plots per preset, roofline, memory model
@@ -135,6 +136,23 @@ def profile_summary(folder: Path) -> dict | None:
     return out
 
 
+FLOP_TOOLS = ("flopcounter", "deepspeed")
+
+
+def flop_counter_rows(work: Path) -> list[dict]:
+    """One row per (version, tool) of reproduce's flops step: work/flops/<v>/<tool>/flops.json."""
+    rows = []
+    for version in ("v1", "v2", "v3", "v4"):
+        for tool in FLOP_TOOLS:
+            data = _load(work / "flops" / version / tool / "flops.json")
+            if not isinstance(data, dict) or "counted_flops" not in data:
+                continue
+            rows.append({"version": version, "tool": data.get("tool", tool), "scope": data.get("scope"),
+                         "counted": data["counted_flops"], "analytic": data.get("analytic_flops"),
+                         "ratio": data.get("ratio"), **({"macs": data["macs"]} if "macs" in data else {})})
+    return rows
+
+
 def debug_json(log: Path, out: Path) -> int:
     """The outcomes list run_all_stages.py --json prints last, as a file of its own."""
     text = log.read_text() if log.exists() else ""
@@ -188,6 +206,9 @@ def collect(work: Path, out: Path) -> dict:
             summary[key] = data
             if dst:
                 shutil.copy(src, out / dst)
+    flop_rows = flop_counter_rows(work)
+    if flop_rows:
+        summary["flop_counters"] = flop_rows
     profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v4")}
     summary["profiles"] = {k: v for k, v in profiles.items() if v}
     for png in ("analysis/roofline_medium.png", "memory/memory_model.png"):
@@ -384,6 +405,20 @@ def memory_check_block(s: dict) -> str:
     return table(["run", "predicted MiB", "measured MiB", "error", "peak moment (model)"], rows)
 
 
+FLOP_COUNTER_NAMES = {"flopcounter": "PyTorch FlopCounterMode", "deepspeed": "DeepSpeed FLOPS profiler"}
+FLOP_SCOPES = {"step": "forward + backward, one step", "forward": "forward only, one step"}
+
+
+def flop_counters_block(s: dict) -> str:
+    rows = s.get("flop_counters")
+    if not rows:
+        return PLACEHOLDER
+    return table(["version", "counter", "what it counts", "counted FLOPs", "analytic FLOPs", "ratio"],
+                 [[VERSION_NAMES.get(r["version"], r["version"]), FLOP_COUNTER_NAMES.get(r["tool"], r["tool"]),
+                   FLOP_SCOPES.get(r.get("scope"), r.get("scope") or "-"), num(r.get("counted")),
+                   num(r.get("analytic")), num(r.get("ratio"), ".3f")] for r in rows])
+
+
 def sdpa_sweep_block(s: dict) -> str:
     sweep = s["compare"].get("medium", {}).get("sdpa_sweep")
     if not sweep:
@@ -455,6 +490,7 @@ BLOCKS = {
     "sdpa-sweep": sdpa_sweep_block,
     "graphs-small": graphs_block,
     "debug-stages": debug_block,
+    "flop-counters": flop_counters_block,
 }
 
 

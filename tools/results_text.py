@@ -115,6 +115,13 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "The second says how much of what the matrix units really deliver the model uses; MFU of "
             "different GPUs, or machines, must not be compared.", ""]
 
+    out += ["## FLOP counters against the formula", "",
+            "`bash benchmarks/reproduce.sh flops`: each version profiled with PyTorch's FlopCounterMode "
+            "(the operators with a FLOP formula, one step, forward and backward) and DeepSpeed's FLOPS profiler (the "
+            "wrapped functions inside module forwards, forward only), each against the analytic formula "
+            "for what it counts. [docs/PROFILING.md](PROFILING.md) explains what each misses.", "",
+            "<!-- published:flop-counters -->", block("flop-counters"), "<!-- /published -->", ""]
+
     out += ["## Memory: the model against measured peaks", "",
             "`python -m analysis_tools memory` predicts each run's peak item by item (weights, "
             "gradients, optimizer state, saved activations, the largest transient) and compares it with "
