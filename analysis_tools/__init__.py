@@ -1,5 +1,6 @@
-"""Analysis tools of the tiny-LLaMA workshop: compare runs, measure ceilings,
-draw rooflines, model memory, sweep settings, write reports, catch regressions.
+"""Analysis tools of the tiny-LLaMA workshop: compare runs, read ceilings,
+draw rooflines, model memory, sweep settings, write reports, catch regressions,
+measure data-parallel scaling.
 
 Command line: `python -m analysis_tools <command> --help`. In a notebook:
 
@@ -15,12 +16,13 @@ import importlib
 _EXPORTS = {
     "AnalysisError": "common", "load_results": "common",
     "compare_runs": "compare", "suspicious": "compare",
-    "measure_ceilings": "ceilings",
+    "load_ceilings": "ceilings",
     "draw_roofline": "roofline", "training_ops": "ops", "measure_ops": "opbench",
     "predict_memory": ("memory", "predict"), "predict_for_result": "memory",
     "memory_for_results": "memory", "trace_step": "memory",
     "sweep_grid": ("sweep", "grid"), "run_sweep": "sweep", "plot_sweep": "sweep",
     "build_report": "report", "check_regressions": "regress",
+    "format_scaling": "scaling", "communication_overlap": "scaling",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,12 +1,14 @@
 """python -m analysis_tools <command> ...   (each command: --help)
 
   compare   table + plots of result JSONs, loud flags on suspicious numbers
-  ceilings  measure matmul peaks and copy bandwidth of this device (JSON)
+  ceilings  print a ceilings JSON (measured by python -m benchmarks.ceilings) beside the datasheet
   roofline  roofline plot: analytic ops, measured ops, profiler kernels, runs
   memory    predicted peak memory vs measured (or traced) peak
   sweep     run a version over a grid of batch/seq/precision/checkpointing/compile
   report    self-contained HTML report + Markdown summary of a results folder
   regress   compare new results with a baseline; exit 1 on a regression
+  scaling   scaling efficiency of torchrun runs (DDP, FSDP2) against a 1-GPU run
+  overlap   communication/compute overlap in PyTorch profiler traces of a data-parallel run
 
 Exit codes: 0 ok, 1 regression (regress) or suspicious results (compare --strict),
 2 bad input (one line on stderr).
@@ -69,14 +71,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_ceilings(args) -> int:
-    from .ceilings import ceilings_table, measure_ceilings, plot_copy_sweep, write_ceilings
-    precisions = _precisions(args.precisions) if args.precisions else None
-    data = measure_ceilings(args.device, precisions, sweep=args.sweep)
-    path = write_ceilings(data, args.output or Path(args.out_dir) / "ceilings.json")
-    print(f"device: {data['device']['name']} ({data['device']['backend']})")
-    print(text_table(ceilings_table(data), {"measured": ",.2f", "datasheet": ",.2f",
-                                            "measured / datasheet %": ".0f"}))
-    if args.sweep:
+    from .ceilings import format_ceilings, load_ceilings, plot_copy_sweep
+    path = args.ceilings or Path(args.out_dir) / "ceilings.json"
+    data = load_ceilings(path)
+    print(format_ceilings(data))
+    if data["measured"].get("copy_sweep"):
         print(f"plot: {plot_copy_sweep(data, args.out_dir)}")
     print(f"ceilings: {path}")
     return 0
@@ -194,6 +193,30 @@ def cmd_regress(args) -> int:
     return 0
 
 
+def cmd_scaling(args) -> int:
+    import json
+
+    from harness import results
+
+    from .scaling import format_scaling, scaling
+    try:
+        single = results.load(args.single)
+        rows = [scaling(single, results.load(path)) for path in args.multi]
+    except results.SchemaError as e:
+        raise AnalysisError(str(e)) from None
+    print(format_scaling(single, rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"single": args.single, "runs": dict(zip(args.multi, rows))}, f, indent=2)
+    return 0
+
+
+def cmd_overlap(args) -> int:
+    from .scaling import communication_overlap, format_overlap
+    print("\n".join(format_overlap(communication_overlap(path)) for path in args.traces))
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m analysis_tools", description=__doc__.splitlines()[0])
@@ -207,11 +230,9 @@ def build_parser() -> OneLineParser:
     c.add_argument("--strict", action="store_true", help="exit 1 when a result looks suspicious")
     c.set_defaults(func=cmd_compare)
 
-    e = sub.add_parser("ceilings", help="measure matmul peaks and copy bandwidth")
-    e.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    e.add_argument("--precisions", help="comma-separated, default: all this device supports")
-    e.add_argument("--sweep", action="store_true", help="also bandwidth vs size (cache levels) + plot")
-    e.add_argument("--output", help="JSON path (default <out-dir>/ceilings.json)")
+    e = sub.add_parser("ceilings", help="print a ceilings JSON beside the datasheet")
+    e.add_argument("ceilings", nargs="?", help="JSON written by `python -m benchmarks.ceilings` "
+                                               "(default <out-dir>/ceilings.json)")
     e.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
     e.set_defaults(func=cmd_ceilings)
 
@@ -222,7 +243,7 @@ def build_parser() -> OneLineParser:
     r.add_argument("--seq-len", type=int)
     r.add_argument("--precision", choices=tuple(PRECISIONS))
     r.add_argument("--attention", choices=("explicit", "flash"), help="for the step points' bytes")
-    r.add_argument("--ceilings", help="JSON from the ceilings command")
+    r.add_argument("--ceilings", help="JSON from python -m benchmarks.ceilings")
     r.add_argument("--kernels", action="append", metavar="LABEL=CSV",
                    help="profiler kernel table (repeatable), e.g. v1=profiles/v1/kernels.csv")
     r.add_argument("--measure-ops", action="store_true", help="time every op alone on --device")
@@ -265,7 +286,7 @@ def build_parser() -> OneLineParser:
     h = sub.add_parser("report", help="HTML report + Markdown summary")
     h.add_argument("results", nargs="+", help="results folders or files")
     h.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
-    h.add_argument("--ceilings", help="JSON from the ceilings command")
+    h.add_argument("--ceilings", help="JSON from python -m benchmarks.ceilings")
     h.add_argument("--kernels", action="append", metavar="LABEL=CSV")
     h.add_argument("--title", default="Tiny LLaMA workshop: results")
     h.set_defaults(func=cmd_report)
@@ -277,6 +298,17 @@ def build_parser() -> OneLineParser:
                         "mkdir -p baseline && cp results/workshop/*.json baseline/")
     g.add_argument("--tolerance", help="e.g. throughput=0.05,memory=0.10,loss=0.02 (fractions)")
     g.set_defaults(func=cmd_regress)
+
+    d = sub.add_parser("scaling", help="scaling efficiency of data-parallel runs vs 1 GPU")
+    d.add_argument("single", help="results JSON of the 1-GPU run")
+    d.add_argument("multi", nargs="+", help="results JSONs of torchrun runs (same per-GPU batch)")
+    d.add_argument("--json", help="also write the comparison here")
+    d.set_defaults(func=cmd_scaling)
+
+    o = sub.add_parser("overlap", help="communication/compute overlap in profiler traces")
+    o.add_argument("traces", nargs="+", help="*.pt.trace.json[.gz] written by --profile pytorch, "
+                                             "one per rank")
+    o.set_defaults(func=cmd_overlap)
     return p
 
 

@@ -1,60 +1,53 @@
-"""ceilings: measure this device's matmul peak per precision and its copy
-bandwidth (plus, cheaply, bandwidth against working-set size, where the caches
-show up as plateaus), and store them beside the datasheet peaks.
+"""ceilings: read a ceilings file - this device's measured matmul peak per
+precision and copy bandwidth (and, with --sweep, bandwidth against working-set
+size, where the caches show up as plateaus) beside the datasheet peaks.
 
-The probes are harness.ceilings (the same ones `--measure-peak` uses for MFU).
+The probe that measures them and writes the file is benchmarks/ceilings.py
+(`python -m benchmarks.ceilings`, the same probe `--measure-peak` uses for
+MFU); this module only reads what it wrote: a table, the bandwidth plot, and
+the file the roofline draws its roof from.
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 
 import pandas as pd
-import torch
 
-from harness import device as dev
-from harness import flops
-from harness.ceilings import measure_copy_gbs, measure_matmul_tflops
-from harness.config import PRECISIONS
+from .common import AnalysisError, out_dir_default, plt, save_figure, text_table
 
-from .common import AnalysisError, plt, save_figure
+MEASURE = "python -m benchmarks.ceilings"  # the probe that writes a ceilings file
 
 
-def default_precisions(device: torch.device) -> list[str]:
-    if device.type == "cpu":
-        return ["fp32", "bf16"]
-    return list(PRECISIONS) if dev.supports_bf16(device) else ["fp32", "fp16"]
+def load_ceilings(path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise AnalysisError(f"{path}: no such file; measure this device's ceilings with "
+                            f"`{MEASURE}`") from None
+    except json.JSONDecodeError as e:
+        raise AnalysisError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or "measured" not in data:
+        raise AnalysisError(f"{path}: not a ceilings file (no 'measured' key); "
+                            f"make one with `{MEASURE}`")
+    return data
 
 
-def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dict:
-    """Measured peaks plus the datasheet row of this device (if it is in the table)."""
-    device = dev.resolve_device(device) if isinstance(device, str) else torch.device(device)
-    precisions = precisions or default_precisions(device)
-    matmul = {}
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise AnalysisError(f"unknown precision {p!r} ({', '.join(PRECISIONS)})")
-        if p == "tf32" and device.type == "cpu":
-            continue  # no TF32 on CPUs
-        matmul[p] = measure_matmul_tflops(device, p)
-    measured = {"matmul_tflops": matmul, "copy_gbs": measure_copy_gbs(device)}
-    if sweep:
-        top = 30 if device.type == "cuda" else 26   # 1 GiB on a GPU, 64 MiB on a CPU
-        measured["copy_sweep"] = [{"bytes": 1 << e, "gbs": measure_copy_gbs(device, 1 << e)}
-                                  for e in range(16, top + 1, 2)]
-    desc = dev.describe(device)
-    found = flops.lookup_peak(desc["name"], desc["arch"])
-    return {
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": desc,
-        "method": "median of device-event timings after warm-up: the best of several GEMM shapes "
-                  "(harness.ceilings.MATMUL_SHAPES, 2*m*k*n FLOPs; compare MFU against the "
-                  "datasheet beside it), copy of 1 GiB GPU / 64 MiB CPU counting read + write",
-        "measured": measured,
-        "datasheet": {"key": found[0], **found[1]} if found else None,
-        "datasheet_table": flops.PEAK_TFLOPS,
-    }
+def find_measured_ceilings(device_name: str | None, out_dir=None) -> Path | None:
+    """A ceilings.json written by the probe on this very device."""
+    folders = [Path(out_dir)] if out_dir else []
+    folders.append(out_dir_default())
+    for folder in folders:
+        path = folder / "ceilings.json"
+        if not path.is_file():
+            continue
+        try:
+            data = load_ceilings(path)
+        except AnalysisError:
+            continue
+        if device_name is None or data.get("device", {}).get("name") == device_name:
+            return path
+    return None
 
 
 def ceilings_table(data: dict) -> pd.DataFrame:
@@ -69,6 +62,13 @@ def ceilings_table(data: dict) -> pd.DataFrame:
     return df
 
 
+def format_ceilings(data: dict) -> str:
+    """The device line and the measured-vs-datasheet table, as text."""
+    return "\n".join([f"device: {data['device']['name']} ({data['device']['backend']})",
+                      text_table(ceilings_table(data), {"measured": ",.2f", "datasheet": ",.2f",
+                                                        "measured / datasheet %": ".0f"})])
+
+
 def plot_copy_sweep(data: dict, out_dir, name="ceilings_bandwidth.png"):
     sweep = pd.DataFrame(data["measured"]["copy_sweep"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -80,10 +80,3 @@ def plot_copy_sweep(data: dict, out_dir, name="ceilings_bandwidth.png"):
                  "(plateaus = cache levels; the right end is main memory)")
     ax.grid(which="both", alpha=0.3)
     return save_figure(fig, out_dir, name)
-
-
-def write_ceilings(data: dict, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path

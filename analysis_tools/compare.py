@@ -1,8 +1,8 @@
 """compare: one table and four plots for a set of runs, and loud flags on numbers
 that cannot be trusted.
 
-The table extends the harness's plain `table_rows` (same columns, same maths)
-with a label per run and a speed-up measured against V1 *of the same setup*:
+The table extends the harness's plain `table_rows` (harness/results.py: same
+columns, same maths) with a label per run and a speed-up measured against V1 *of the same setup*:
 comparing V4 medium with V1 small would be meaningless.
 
 It reads two kinds of files: the results JSON of one run (harness/results.py)
@@ -20,8 +20,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.report import table_rows
-from harness.results import SchemaError, validate
+from harness.results import SchemaError, table_rows, validate
 
 from .common import (AnalysisError, load_results, memory_kind, plt, result_paths, save_figure,
                      text_table, unique_labels)

@@ -5,14 +5,14 @@ Two implementations are timed where the workshop contrasts them: attention as
 explicit maths (SDPA's math backend materialises the T x T scores like V1)
 versus flash (SDPA's fused kernels, as V4), and RMSNorm as V1's pow/mean/rsqrt
 versus `F.rms_norm`. Each time is a median of device-event timings after
-warm-up (harness.ceilings.median_ms).
+warm-up (harness.measure.median_ms).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from harness.ceilings import median_ms
+from harness.measure import median_ms
 from harness.config import PRECISIONS, ModelConfig
 from harness.trainer import configure_matmul_precision
 

@@ -15,14 +15,13 @@ Points on the plot, each labelled:
   step time, at the step's analytic intensity.
 
 The roof: the ceilings given with --ceilings; otherwise the ceilings already
-measured for this device (the `ceilings` command's output,
+measured for this device (the output of `python -m benchmarks.ceilings`,
 results/analysis/ceilings.json, when it names the same device) and the
 datasheet peak of a known GPU. With neither, the plot and the command say how
 to get one.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -31,8 +30,8 @@ import pandas as pd
 from harness import flops
 from harness.config import PRESETS
 
-from .common import (AnalysisError, load_results, model_config, out_dir_default, plt, save_figure,
-                     unique_labels)
+from .ceilings import find_measured_ceilings, load_ceilings
+from .common import AnalysisError, load_results, model_config, plt, save_figure, unique_labels
 from .memory import implementation_for
 from .ops import training_ops
 
@@ -61,49 +60,19 @@ def ceilings_for(device_name: str | None, precision: str, measured: dict | None 
     return out
 
 
-def load_ceilings(path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise AnalysisError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise AnalysisError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict) or "measured" not in data:
-        raise AnalysisError(f"{path}: not a ceilings file (no 'measured' key); "
-                            "make one with `python -m analysis_tools ceilings`")
-    return data
-
-
 NO_ROOF = ("no roof: no ceilings measured for {device} and no datasheet peak for it; run "
-           "`python -m analysis_tools ceilings` once (it writes results/analysis/ceilings.json, "
+           "`python -m benchmarks.ceilings` once (it writes results/analysis/ceilings.json, "
            "which roofline and report then use) or pass --ceilings FILE")
 
 
 def this_device_name(device: str = "auto") -> str:
-    """The name of the device the ceilings command would measure."""
+    """The name of the device the ceilings probe would measure."""
     import torch
 
     from harness import device as dev
     if device != "cpu" and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return dev.device_name(torch.device("cpu"))
-
-
-def find_measured_ceilings(device_name: str | None, out_dir=None) -> Path | None:
-    """A ceilings.json from the `ceilings` command measured on this very device."""
-    folders = [Path(out_dir)] if out_dir else []
-    folders.append(out_dir_default())
-    for folder in folders:
-        path = folder / "ceilings.json"
-        if not path.is_file():
-            continue
-        try:
-            data = load_ceilings(path)
-        except AnalysisError:
-            continue
-        if device_name is None or data.get("device", {}).get("name") == device_name:
-            return path
-    return None
 
 
 def _short(path) -> str:
@@ -291,7 +260,8 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
                 c["label"] += f" from {_short(ceilings_path)}"
     measured = None
     if measure_ops:
-        from .ceilings import measure_ceilings
+        from benchmarks.ceilings import measure_ceilings
+
         from .opbench import measure_ops as run_ops
         if not any(c["style"] == "-" for c in ceilings):  # measure this device's ceilings too
             ceilings += ceilings_for(None, precision, measure_ceilings(device, [precision])["measured"])

@@ -62,9 +62,9 @@ MODE_FLAGS = {"eager": [], "compile": ["--compile"],
 # (--optimizer master, bf16 only): autocast's arithmetic without its weight casts.
 MODE_FLAGS.update({f"{mode}-master": [*MODE_FLAGS[mode], "--optimizer", "master"]
                    for mode in ("compile", "reduce-overhead")})
-# Issue 3's targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
+# The workshop's speed targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
 # A target on the measured ceiling is judged only when the ceiling probes before and
-# after the runs agree within harness.ceilings.STABLE_PERCENT; the datasheet MFU is shown beside it.
+# after the runs agree within benchmarks.ceilings.STABLE_PERCENT; the datasheet MFU is shown beside it.
 CEILING_TARGET = "V4 best >= 55% MFU of the measured matmul ceiling"
 TARGETS = [
     ("medium", "V2 best >= 1.3x V1", lambda s: s.ratio(s.best("v2"), s.speed("v1", "eager")), 1.3),
@@ -243,7 +243,7 @@ class Summary:
 
     def targets(self, preset: str) -> list[dict]:
         checks = []
-        from harness.ceilings import STABLE_PERCENT
+        from benchmarks.ceilings import STABLE_PERCENT
 
         for target_preset, claim, measure, threshold in TARGETS:
             if target_preset != preset:
@@ -406,7 +406,8 @@ def split_list(text: str, allowed, flag: str) -> list[str]:
 
 def compare(args) -> dict:
     import torch
-    from harness import ceilings, trainer
+    from benchmarks import ceilings
+    from harness import trainer
     from harness.device import describe, resolve_device
 
     device = resolve_device(args.device)
@@ -445,7 +446,7 @@ def compare(args) -> dict:
               "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
               "warmup_steps": args.warmup_steps, "repeats": args.repeats,
               "ceiling": {"matmul_tflops": ceiling, "probes": [probe], "spread_percent": None,
-                          "source": f"measured: harness.ceilings.matmul_probe({precision}), "
+                          "source": f"measured: benchmarks.ceilings.matmul_probe({precision}), "
                                     "before and after the runs; the higher of the two"},
               "runs": [], "summary": [], "targets": []}
     print(f"compare: preset {preset}, {precision}, {report['device']['name']}, torch "

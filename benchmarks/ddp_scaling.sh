@@ -22,7 +22,7 @@
 #   a+b         both, e.g. bf16+bucket100
 # PROFILE=1 then runs the first variant once more under the PyTorch profiler and
 # prints how much of the NCCL kernel time overlapped compute (python -m
-# harness.distributed overlap); rank 0's trace is kept (gzipped), the others' dropped.
+# analysis_tools overlap); rank 0's trace is kept (gzipped), the others' dropped.
 # RUN_TIMEOUT (150) caps each run; BUDGET_S (540) caps the whole script: a run that
 # would start too late is skipped, so the table always comes out.
 #
@@ -142,7 +142,7 @@ for name in "${variants[@]}"; do
 done
 
 if [ "${PROFILE:-0}" = 1 ]; then
-    # The profiled steps come right after warm-up; a few are enough (harness/profiling.py).
+    # The profiled steps come right after warm-up; a few are enough (profiling/sessions.py).
     read -r -a flags <<< "$(variant_flags "${variants[0]}")"
     mapfile -t envs < <(variant_env "${variants[0]}")
     if run "profile [${variants[0]}]" env "${envs[@]}" "${TORCHRUN[@]}" "$SCRIPT" "${ARGS[@]}" "${flags[@]}" \
@@ -150,7 +150,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
             --output "$OUT_DIR/profile/run.json"; then
         mapfile -t traces < <(find "$OUT_DIR/profile" -name '*.pt.trace.json' | sort)
         echo "communication/compute overlap (profiled steps; NCCL kernels also run while waiting for the other rank):"
-        $PY -m harness.distributed overlap "${traces[@]}" | tee -a "$LOG" || true
+        $PY -m analysis_tools overlap "${traces[@]}" | tee -a "$LOG" || true
         for trace in "${traces[@]}"; do  # keep rank 0's trace only, compressed (Perfetto opens .gz)
             if [[ $trace == */rank0/* ]]; then gzip -f "$trace"; else rm -f "$trace"; fi
         done
@@ -162,7 +162,7 @@ if [ ${#runs[@]} -eq 0 ]; then
     echo "no multi-GPU run succeeded: see $LOG" >&2
     exit 1
 fi
-$PY -m harness.distributed "$OUT_DIR/single.json" "${runs[@]}" --json "$OUT_DIR/scaling.json"
+$PY -m analysis_tools scaling "$OUT_DIR/single.json" "${runs[@]}" --json "$OUT_DIR/scaling.json"
 $PY - "$OUT_DIR/scaling.json" <<'EOF'
 import json, os, sys
 for path, row in json.load(open(sys.argv[1]))["runs"].items():

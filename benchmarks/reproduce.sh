@@ -152,7 +152,7 @@ run_step() {
     analysis)
         local A="$W/analysis"; mkdir -p "$A"
         if ! have "$A/ceilings.json"; then
-            $PY -m analysis_tools ceilings --device "$DEVICE" --out-dir "$A" > "$A/ceilings.log" 2>&1 || failed=1
+            $PY -m benchmarks.ceilings --device "$DEVICE" --out-dir "$A" > "$A/ceilings.log" 2>&1 || failed=1
             tail -n 6 "$A/ceilings.log"
         fi
         train analysis v1_profiled $V1 --preset $MEDIUM --precision bf16 --profile pytorch --profile-dir "$A/v1"

@@ -1,11 +1,14 @@
-"""Statistics of step timings, memory readings and the gradient-flow guard."""
+"""Statistics of step timings, the median time of a piece of device work, memory readings
+and the gradient-flow guard."""
 from __future__ import annotations
 
 import resource
 import sys
+import time
 
 import torch
 
+from . import device as dev
 from .errors import GradientFlowError
 
 
@@ -16,6 +19,28 @@ def summarize(samples_ms: list[float]) -> dict:
     t = torch.tensor(samples_ms, dtype=torch.float64)
     q = torch.quantile(t, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
     return {"median": q[1], "p10": q[0], "p90": q[2], "mean": t.mean().item(), "n": len(samples_ms)}
+
+
+def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
+              warmup_s: float = 0.0) -> float:
+    """Median device time of `work()` in ms, after `warmup` untimed calls and
+    at least `warmup_s` seconds of them."""
+    started = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - started < warmup_s:
+        work()
+        done += 1
+        if done >= warmup:
+            dev.synchronize(device)  # count finished work, not queued launches
+    samples = []
+    for _ in range(repeats):
+        clock = dev.StepClock(device)
+        clock.mark("start")
+        work()
+        clock.mark("end")
+        dev.synchronize(device)
+        samples.append(clock.elapsed_ms("start", "end"))
+    return summarize(samples)["median"]
 
 
 def reset_peak_memory(device: torch.device) -> None:

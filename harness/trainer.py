@@ -12,7 +12,7 @@ import torch
 
 from . import data as data_mod
 from . import device as dev
-from . import distributed, flops, master_weights, measure, results
+from . import flops, master_weights, measure, parallel, results
 from .config import PRECISIONS, RunSettings
 from .errors import NonFiniteLoss, OutOfMemory, UsageError
 
@@ -157,7 +157,7 @@ def nvtx_range(name: str, enabled: bool):
 def run(settings: RunSettings, build_model, reference_weights=None) -> dict:
     """Train one run. reference_weights(config, seed) -> state dict the model starts
     from (harness.config.reference_weights: V1's), or None for the model's own init."""
-    ctx = distributed.setup(settings)
+    ctx = parallel.setup(settings)
     try:
         return _run(settings, build_model, reference_weights, ctx)
     except torch.cuda.OutOfMemoryError:
@@ -201,13 +201,13 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
                                rank=ctx.rank, world_size=ctx.world_size)
     measured_peak = None
     if settings.measure_peak:
-        from .ceilings import measure_matmul_tflops
+        from benchmarks.ceilings import measure_matmul_tflops
         measured_peak = measure_matmul_tflops(device, precision)
 
     profiler = None
     if settings.profile:
-        from . import profiling
-        profiler = profiling.start(settings, device, model)
+        from profiling import sessions  # only a profiled run needs it
+        profiler = sessions.start(settings, device, model)
 
     say = print if (not settings.quiet and ctx.is_main) else (lambda *a, **k: None)
     say(f"{settings.version}: {dev.device_name(device)} ({device.type}), {precision}, "

@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 from .config import VERSIONS
-from .report import format_table
-from .results import SchemaError, load
+from .results import SchemaError, format_table, load
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 3

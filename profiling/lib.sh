@@ -181,7 +181,7 @@ expect_output() {  # expect_output GLOB: the tool must have written a matching f
 }
 
 kernel_table() {  # kernel_table PATH PARSER: the common kernel table, next to the tool's files
-    run_step "$PYTHON_BIN" -m profilers parse "$1" --tool "$2" -o "$TOOL_OUT/kernel_table.csv"
+    run_step "$PYTHON_BIN" -m profiling parse "$1" --tool "$2" -o "$TOOL_OUT/kernel_table.csv"
 }
 
 detect_backend() {  # rocm | cuda | cpu, as PyTorch sees it (PROFILE_BACKEND overrides)

@@ -2,8 +2,7 @@
 # Profile one version with every profiler that applies to this machine.
 #
 #   ./run_all_profilers.sh v1 --preset small              (from the repo root)
-#   cd version1_baseline && ./run_all_profilers.sh        (profiles that version)
-#   profiling/run_all_profilers.sh v4 --only pytorch,ncu --args-for ncu "--launch-count 100"
+#   ./run_all_profilers.sh v4 --only pytorch,ncu --args-for ncu "--launch-count 100"
 #
 # Detects the backend PyTorch will use (PROFILE_BACKEND=rocm|cuda|cpu overrides) and runs
 #   on any device  pytorch (PyTorch profiler), flopcounter, deepspeed (installed by setup/install.sh)
@@ -111,4 +110,4 @@ done
 for line in ${SKIPPED_LINES[@]+"${SKIPPED_LINES[@]}"}; do echo "skipped: $line"; done
 for line in ${FAILED[@]+"${FAILED[@]}"}; do echo "failed:  $line"; done
 if ((${#FAILED[@]})); then exit 1; fi
-echo "compare kernel tables: python -m profilers parse $OUT_ROOT/<profiler>/kernel_table.csv"
+echo "compare kernel tables: python -m profiling parse $OUT_ROOT/<profiler>/kernel_table.csv"

@@ -4,7 +4,7 @@
 #   profiling/run_pytorch_profiler.sh v1 --preset small
 #
 # Runs `python tiny_llama_vN.py --profile pytorch --profile-dir OUT ...`
-# (harness/profiling.py) and writes to OUT/pytorch/:
+# (profiling/sessions.py) and writes to OUT/pytorch/:
 #   <version>.<time>.pt.trace.json  Chrome/Perfetto trace, also TensorBoard's
 #                                   format (tensorboard --logdir OUT/pytorch)
 #   operators.csv                   time per aten operator (top-N printed)

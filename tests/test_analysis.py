@@ -157,18 +157,25 @@ def test_bad_input_is_one_line(v1, tmp_path):
 
 # ---------------------------------------------------------------- ceilings
 def test_ceiling_probes_on_cpu():
-    from harness.ceilings import measure_copy_gbs, measure_matmul_tflops
+    from benchmarks.ceilings import measure_copy_gbs, measure_matmul_tflops
     assert measure_matmul_tflops("cpu", "fp32") > 0
     assert measure_copy_gbs("cpu", 1 << 22) > 0
 
 
-def test_ceilings_cli_writes_json(tmp_path):
-    proc = cli("ceilings", "--device", "cpu", "--precisions", "fp32", "--out-dir", tmp_path)
+def test_ceilings_probe_writes_json_that_the_reader_prints(tmp_path):
+    proc = run_cli(["-m", "benchmarks.ceilings", "--device", "cpu", "--precisions", "fp32",
+                    "--out-dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "ceilings.json").read_text())
     assert data["measured"]["matmul_tflops"]["fp32"] > 0 and data["measured"]["copy_gbs"] > 0
     assert data["datasheet"] is None and "H100" in data["datasheet_table"]
     assert "matmul fp32" in proc.stdout
+    read = cli("ceilings", "--out-dir", tmp_path)  # analysis_tools only reads the file
+    assert read.returncode == 0, read.stderr
+    assert "matmul fp32" in read.stdout and "ceilings.json" in read.stdout
+    missing = cli("ceilings", tmp_path / "none.json")
+    assert_one_line_error(missing)
+    assert "python -m benchmarks.ceilings" in missing.stderr
 
 
 # ---------------------------------------------------------------- roofline

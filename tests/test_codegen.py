@@ -43,15 +43,12 @@ def check_tuned(table: dict) -> None:
             assert r["matrix"], f"{where}: no matrix instructions"
 
 
-@pytest.mark.xfail(reason="some configs still spill on gfx90a/gfx942/gfx950/sm_80: the config "
-                          "lists are not yet derived from the table", strict=False)
 def test_tuned_targets_never_spill_bf16_head_dim_64(tmp_path):
     check_tuned(codegen_table(tmp_path, "--targets", TUNED, "--dtypes", "bf16",
                               "--head-dims", "64"))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="head size 128 and fp16 configs still spill", strict=False)
 def test_tuned_targets_never_spill_full_table(tmp_path):
     check_tuned(codegen_table(tmp_path, "--targets", TUNED))
 

@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from analysis_tools import scaling
+from benchmarks.comm import measure_communication
 from conftest import REPO, load_version, run_cli
-from harness import data, distributed
+from harness import data, parallel
 from harness.errors import GradientFlowError, UsageError
 
 V1 = "version1_baseline/tiny_llama_v1.py"
@@ -68,25 +70,25 @@ def test_rank_outside_world_is_rejected():
 def settings(**changes):
     """The RunSettings fields the distributed code reads (data-parallel knobs at their defaults)."""
     base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
-                **{name: distributed.DEFAULTS[name]
-                   for name in {**distributed.DDP_KNOBS, **distributed.FSDP_KNOBS}})
+                **{name: parallel.DEFAULTS[name]
+                   for name in {**parallel.DDP_KNOBS, **parallel.FSDP_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
 
 
 def test_plain_python_is_single_process(monkeypatch):
     for k in TORCHRUN_VARS:
         monkeypatch.delenv(k, raising=False)
-    ctx = distributed.setup(settings())
+    ctx = parallel.setup(settings())
     assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.extra) == (0, 1, True, None)
     with pytest.raises(UsageError, match="torchrun"):
-        distributed.setup(settings(fsdp=True))
+        parallel.setup(settings(fsdp=True))
 
 
 def test_missing_fsdp2_is_a_usage_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)
     monkeypatch.setitem(sys.modules, "torch.distributed._composable.fsdp", None)
     with pytest.raises(UsageError, match="FSDP2"):
-        distributed.find_fully_shard()
+        parallel.find_fully_shard()
 
 
 def test_fsdp_without_torchrun_exits_2_with_one_line():
@@ -106,7 +108,7 @@ def group_of_one(monkeypatch):
     contexts = []
 
     def make(**changes):
-        ctx = distributed.setup(settings(**changes))
+        ctx = parallel.setup(settings(**changes))
         contexts.append(ctx)
         return ctx
     yield make
@@ -182,12 +184,12 @@ def fake_result(world_size, tokens_per_s, step_ms, batch_size=4):
 
 def test_scaling_efficiency():
     single, multi = fake_result(1, 1000.0, 10.0), fake_result(2, 1800.0, 11.1)
-    row = distributed.scaling(single, multi)
+    row = scaling.scaling(single, multi)
     assert row["efficiency"] == pytest.approx(0.9)
     assert row["extra_ms_vs_1gpu"] == pytest.approx(1.1)
-    assert "90.0%" in distributed.format_scaling(single, [row])
+    assert "90.0%" in scaling.format_scaling(single, [row])
     with pytest.raises(UsageError, match="batch_size"):
-        distributed.scaling(single, fake_result(2, 1800.0, 11.1, batch_size=8))
+        scaling.scaling(single, fake_result(2, 1800.0, 11.1, batch_size=8))
 
 
 # ---------------------------------------------------------------- torchrun, 2 CPU processes
@@ -259,7 +261,7 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
 def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
     for k in TORCHRUN_VARS:
         monkeypatch.delenv(k, raising=False)
-    ctx = distributed.setup(settings(ddp_comm_hook="bf16", ddp_bucket_mb=100.0))
+    ctx = parallel.setup(settings(ddp_comm_hook="bf16", ddp_bucket_mb=100.0))
     assert ctx.world_size == 1
     note = capsys.readouterr().err
     assert note.count("\n") == 1 and "ignored" in note
@@ -296,7 +298,7 @@ def _done(bucket):
 
 def also_in_group(**changes):
     """A second DataParallel in the process group a group_of_one() context opened."""
-    return distributed.DataParallel(settings(**changes), torch.device("cpu"), "gloo")
+    return parallel.DataParallel(settings(**changes), torch.device("cpu"), "gloo")
 
 
 def test_bucket_size_sets_the_number_of_all_reduces(group_of_one):
@@ -305,7 +307,7 @@ def test_bucket_size_sets_the_number_of_all_reduces(group_of_one):
     default = also_in_group().wrap(TwoLayers(), None)
     assert all_reduces_per_backward(default)[-1] == 1  # 232 bytes of gradients: one bucket
     assert ctx.extra["bucket_cap_mb"] == 100 / 2**20 and ctx.extra["comm_hook"] == "none"
-    assert ctx.measure_communication(reps=1)["buckets"] > 1
+    assert measure_communication(ctx, reps=1)["buckets"] > 1
 
 
 def test_comm_hook_averages_in_16_bits_into_fp32_gradients(group_of_one):
@@ -320,7 +322,7 @@ def test_comm_hook_averages_in_16_bits_into_fp32_gradients(group_of_one):
         assert p.grad.dtype == torch.float32
         assert torch.equal(p.grad, ref.grad.to(dtype).float())  # world size 1: only the rounding
     assert ctx.extra["comm_hook"] == hook
-    comm = ctx.measure_communication(reps=1)
+    comm = measure_communication(ctx, reps=1)
     assert comm["bucket_mib"] == pytest.approx(comm["gradient_mib"] / 2)  # 2 bytes on the wire
 
 
@@ -393,20 +395,20 @@ def test_scaling_table_names_each_variant():
     fsdp = fake_result(2, 1500.0, 13.0)
     fsdp["run"]["parallel"] = "fsdp2"
     fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False}
-    rows = [distributed.scaling(single, r) for r in runs]
+    rows = [scaling.scaling(single, r) for r in runs]
     assert [r["variant"] for r in rows] == [
         "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
         "bucket 25 MB, graph split per bucket, static graph, NCCL <= 4 channels"]
     single["run"]["compile"] = False
     for r in runs:
         r["run"]["compile"] = False
-    table = distributed.format_scaling(single, [distributed.scaling(single, r)
+    table = scaling.format_scaling(single, [scaling.scaling(single, r)
                                                 for r in (*runs, fsdp)])
     assert "eager" in table.splitlines()[0]
     assert "bucket 100 MB, bf16 all-reduce  " in table and "keep weights fwd->bwd" in table
     runs[0]["run"]["compile"] = True
     with pytest.raises(UsageError, match="compile"):
-        distributed.scaling(single, runs[0])
+        scaling.scaling(single, runs[0])
 
 
 def write_trace(path, kernels, steps=2):
@@ -424,7 +426,7 @@ def test_overlap_of_communication_with_compute(tmp_path):
         ("sm90_gemm", 0, 10), ("elementwise", 5, 12), ("flash_bwd", 16, 20),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8, 18),  # 8-12 and 16-18 beside compute
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 32)])  # alone
-    row = distributed.communication_overlap(trace)
+    row = scaling.communication_overlap(trace)
     assert (row["steps"], row["comm_kernels"]) == (2, 2)
     assert row["comm_ms_per_step"] == pytest.approx(12 / 2 / 1000)
     assert row["overlapped_ms_per_step"] == pytest.approx(6 / 2 / 1000)
@@ -432,10 +434,10 @@ def test_overlap_of_communication_with_compute(tmp_path):
     assert row["overlap_fraction"] == pytest.approx(0.5)
     assert row["compute_ms_per_step"] == pytest.approx(16 / 2 / 1000)
     assert row["gpu_window_ms_per_step"] == pytest.approx(32 / 2 / 1000)
-    proc = run_cli(["-m", "harness.distributed", "overlap", trace])
+    proc = run_cli(["-m", "analysis_tools", "overlap", trace])
     assert proc.returncode == 0 and "(50%) beside compute" in proc.stdout
     cpu_only = write_trace(tmp_path / "cpu.pt.trace.json", [])
-    proc = run_cli(["-m", "harness.distributed", "overlap", cpu_only])
+    proc = run_cli(["-m", "analysis_tools", "overlap", cpu_only])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no GPU kernels" in proc.stderr
 
 
@@ -455,7 +457,7 @@ def test_16_bit_gradient_all_reduce_trains_close_to_fp32(single_run, tmp_path):
     result = json.loads((tmp_path / "out" / "run.json").read_text())
     assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-3)
     assert result["distributed"]["comm_hook"] == "fp16"
-    assert "fp16 all-reduce" in distributed.variant(result)
+    assert "fp16 all-reduce" in scaling.variant(result)
 
 
 # ---------------------------------------------------------------- --optimizer master under DDP
@@ -470,7 +472,7 @@ def test_bf16_gradients_fill_bf16_buckets(group_of_one):
     ctx = group_of_one()
     ctx.wrap(model, None)
     assert ctx.gradient_dtype == torch.bfloat16
-    comm = ctx.measure_communication(reps=1)
+    comm = measure_communication(ctx, reps=1)
     assert comm["gradient_mib"] == pytest.approx(ctx.gradient_numel * 2 / 2**20)
 
 

@@ -295,7 +295,7 @@ def test_every_quoted_command_exists_and_parses():
 def test_version_readme_diffs_match_the_code():
     """The diff blocks in version*/README.md are generated from the model files."""
     from conftest import run_cli
-    proc = run_cli([REPO / "exercises" / "make_version_diffs.py", "--check"], timeout=60)
+    proc = run_cli([REPO / "tools" / "make_version_diffs.py", "--check"], timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -312,7 +312,8 @@ def test_version_readme_diffs_match_the_code():
     ("PYTORCH_TUNABLEOP_ENABLED=1 python version1_baseline/tiny_llama_v1.py --num-steps 20", None),
     ("rocprofv3 --kernel-trace -- python version1_baseline/tiny_llama_v1.py --bad", "do not parse"),
     ("pip install torch", None),
-    ("cd version4_sdpa && ./run_all_profilers.sh --preset small", None),
+    ("cd profiling && ./run_ncu.sh v1 --preset small", None),
+    ("cd version4_sdpa && ./run_all_profilers.sh --preset small", "does not exist"),
     ("cd version4_sdpa && ./no_such_script.sh", "does not exist"),
     ("./no_such_script.sh", "does not exist"),
 ])

@@ -216,12 +216,21 @@ def test_git_commit_from_the_environment_wins(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ import structure
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
+PROFILING = HARNESS.parent / "profiling"
+
+
+def module_name(path: Path) -> str:
+    """harness/cli.py -> harness.cli; profiling/parsers/__init__.py -> profiling.parsers."""
+    parts = path.relative_to(HARNESS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def module_level_imports(path: Path) -> list[str]:
-    """Absolute names of the modules a harness file imports when it is imported
-    (imports inside functions run only when called, so they are left out)."""
+    """Absolute names of the modules a harness or profiling file imports when it
+    is imported (imports inside functions run only when called, so they are left out)."""
     found = []
+    name = module_name(path)
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
 
     def visit(statements):
         for node in statements:
@@ -230,9 +239,15 @@ def module_level_imports(path: Path) -> list[str]:
             if isinstance(node, ast.Import):
                 found.extend(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = ".".join(filter(None, ["harness", node.module])) if node.level else node.module
+                if node.level:  # `from .. import x` climbs one package per extra dot
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(filter(None, [*anchor, node.module]))
+                else:
+                    base = node.module
+                folder = HARNESS.parent.joinpath(*base.split("."))
                 for alias in node.names:  # `from . import data` imports harness.data
-                    submodule = base == "harness" and (HARNESS / f"{alias.name}.py").exists()
+                    submodule = ((folder / f"{alias.name}.py").exists()
+                                 or (folder / alias.name / "__init__.py").exists())
                     found.append(f"{base}.{alias.name}" if submodule else base)
             for field in ("body", "orelse", "finalbody", "handlers"):
                 visit(getattr(node, field, []))  # module-level if/try/with blocks
@@ -249,12 +264,15 @@ def test_no_harness_module_imports_a_version_at_module_level():
         assert not bad, f"{path.name} imports {bad} at module level"
 
 
-def test_harness_modules_import_without_a_circle():
-    """No harness module needs, at import time, one that needs it back."""
-    graph = {}
-    for path in HARNESS.glob("*.py"):
-        name = "harness" if path.stem == "__init__" else f"harness.{path.stem}"
-        graph[name] = {m for m in module_level_imports(path) if m.startswith("harness.")}
+def test_harness_and_profiling_modules_import_without_a_circle():
+    """No harness or profiling module needs, at import time, one that needs it back;
+    the harness imports profiling only inside the function that starts a session."""
+    files = [*HARNESS.glob("*.py"), *PROFILING.rglob("*.py")]
+    graph = {module_name(path): {m for m in module_level_imports(path)
+                                 if m.startswith(("harness.", "profiling"))} for path in files}
+    for name, imports in graph.items():
+        assert not (name.startswith("harness") and any(m.startswith("profiling") for m in imports)), \
+            f"{name} imports {sorted(imports)} at module level"
 
     def cycle_from(node, trail):
         if node in trail:
@@ -272,7 +290,8 @@ def test_harness_modules_import_without_a_circle():
 
 def test_every_harness_module_imports_in_a_fresh_interpreter():
     """Each module imports (in one new process) and loads no version package."""
-    names = sorted(f"harness.{p.stem}" for p in HARNESS.glob("*.py") if p.stem != "__init__")
+    names = sorted(module_name(p) for p in [*HARNESS.glob("*.py"), *PROFILING.rglob("*.py")]
+                   if p.stem not in ("__init__", "__main__"))
     packages = sorted(v.folder for v in VERSIONS.values())
     code = (f"import importlib, sys\n"
             f"for name in {names!r}: importlib.import_module(name)\n"

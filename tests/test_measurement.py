@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 
+from benchmarks import ceilings
 from conftest import REPO, load_version, run_cli
-from harness import ModelConfig, ceilings
+from harness import ModelConfig
 
 
 def compare_versions():

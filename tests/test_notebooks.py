@@ -21,7 +21,7 @@ def test_there_are_four_notebooks_committed_without_outputs():
 
 def test_notebooks_match_their_generator():
     pytest.importorskip("nbformat")
-    proc = run_cli([REPO / "exercises" / "notebooks" / "make_notebooks.py", "--check"], timeout=60)
+    proc = run_cli([REPO / "tools" / "make_notebooks.py", "--check"], timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 

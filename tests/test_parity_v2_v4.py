@@ -199,9 +199,9 @@ def test_gpu_cuda_graphs_train_without_skips(tmp_path):
     """--compile-mode reduce-overhead really replays CUDA/HIP graphs in the training loop."""
     load_version("v4")
     out = tmp_path / "r.json"
-    proc = run_cli([REPO / "version4_sdpa/tiny_llama_v4.py", "--preset", "small", "--precision",
-                    "bf16", "--compile", "--compile-mode", "reduce-overhead", "--num-steps", "12",
-                    "--warmup-steps", "4", "--quiet", "--output", out],
+    proc = run_cli([REPO / "version4_sdpa/tiny_llama_v4.py", "--preset", "small", "--num-layers", "2",
+                    "--precision", "bf16", "--compile", "--compile-mode", "reduce-overhead",
+                    "--num-steps", "8", "--warmup-steps", "3", "--quiet", "--output", out],
                    env={"TORCH_LOGS": "perf_hints"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "skipping cudagraphs" not in proc.stderr, proc.stderr[-2000:]

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import REPO, load_version, run_cli
-from harness import cli, flops, profiling
+from harness import cli, flops
+from profiling import sessions
 
 V1 = REPO / "version1_baseline" / "tiny_llama_v1.py"
 
@@ -139,8 +140,8 @@ def test_deepspeed_counts_one_forward_of_every_version(tmp_path, version):
 def test_deepspeed_startup_chatter_is_kept_not_printed():
     # Without DS_ACCELERATOR (a device type DeepSpeed is not told about), DeepSpeed
     # detects its accelerator on import and warns; the warning is returned, not printed.
-    code = ("import logging, sys, torch; from harness import profiling; "
-            "_, said = profiling.import_flops_profiler(torch.device('meta')); print(said); "
+    code = ("import logging, sys, torch; from profiling import sessions; "
+            "_, said = sessions.import_flops_profiler(torch.device('meta')); print(said); "
             "print(all(h.stream is sys.stdout for h in logging.getLogger('DeepSpeed').handlers))")
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -168,7 +169,7 @@ def test_deepspeed_session_counts_exactly_one_forward(tmp_path):
     settings = settings_for("--preset", "tiny", "--num-steps", "5", "--warmup-steps", "2",
                             "--profile", "deepspeed", "--profile-dir", str(tmp_path), "--quiet")
     model = load_version("v1").build_model(settings.model)
-    session = profiling.start(settings, torch.device("cpu"), model)
+    session = sessions.start(settings, torch.device("cpu"), model)
     profile = _train(session, settings, model)["profile"]
     analytic = flops.forward_flops(settings.model, 4, 32)
     assert profile["steps"] == [1, 1] and profile["analytic_flops"] == analytic
@@ -184,14 +185,14 @@ def test_counted_step_is_the_last_warmup_step(warmup, expected):
     settings = settings_for("--num-steps", "8", "--warmup-steps", str(warmup))
     calls = []
 
-    class Recorder(profiling.Session):
+    class Recorder(sessions.Session):
         def _begin(self):
             calls.append("begin")
 
         def _end(self):
             calls.append("end")
 
-    step = profiling.counted_step(settings)
+    step = sessions.counted_step(settings)
     assert (step, step) == expected
     session = Recorder(settings, torch.device("cpu"), None, step, step)
     for i in range(settings.num_steps):
@@ -205,5 +206,5 @@ def test_counted_step_is_the_last_warmup_step(warmup, expected):
 def test_window_marks_nothing_on_a_cpu_and_says_so(tmp_path):
     settings = settings_for("--num-steps", "5", "--warmup-steps", "1", "--profile", "window", "--quiet")
     model = load_version("v1").build_model(settings.model)
-    result = _train(profiling.start(settings, torch.device("cpu"), model), settings, model)
+    result = _train(sessions.start(settings, torch.device("cpu"), model), settings, model)
     assert result["profile"]["steps"] == [1, 3] and result["profile"]["notes"] == ["no GPU: nothing to mark"]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import profilers
-from profilers import kernel_table as kt
-from profilers import ncu, nsys, rocprof_compute, rocprofv3, torch_profiler
-from profilers.__main__ import main as cli_main
+import profiling
+from profiling import kernel_table as kt
+from profiling import ncu, nsys, rocprof_compute, rocprofv3, torch_profiler
+from profiling.__main__ import main as cli_main
 
 FIX = Path(__file__).parent / "fixtures" / "profilers"
 GEMM = "Cijk_Alik_Bljk_BBS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0"
@@ -81,7 +81,7 @@ def test_csv_round_trip(tmp_path):
 @pytest.mark.parametrize("variant", ["rocm6.2", "rocm6.3", "rocm6.4", "rocm7.0", "rocpd_convert"])
 def test_rocprofv3_kernel_trace_every_header(variant):
     path = FIX / "rocprofv3" / f"kernel_trace_{variant}.csv"
-    table = profilers.parse(path, "rocprofv3")
+    table = profiling.parse(path, "rocprofv3")
     gemm = table.rows[0]
     assert (gemm.name, gemm.category, gemm.calls, gemm.total_us) == (GEMM, "gemm", 3, 120.0)
     assert len(table.rows) == 6 and table.total_us == pytest.approx(172.0)
@@ -91,12 +91,12 @@ def test_rocprofv3_folder_counts_only_the_window(tmp_path):
     for src, dst in [("kernel_trace_rocm7.0.csv", "v1_kernel_trace.csv"),
                      ("marker_api_trace.csv", "v1_marker_api_trace.csv")]:
         shutil.copy(FIX / "rocprofv3" / src, tmp_path / dst)
-    table = profilers.parse(tmp_path)
+    table = profiling.parse(tmp_path)
     assert table.source == "rocprofv3"
     assert table.total_us == pytest.approx(132.0) and table.rows[0].calls == 2
     assert "profiled_window" in table.notes[0]
     (tmp_path / "v1_marker_api_trace.csv").unlink()
-    assert profilers.parse(tmp_path).total_us == pytest.approx(172.0)
+    assert profiling.parse(tmp_path).total_us == pytest.approx(172.0)
 
 
 def test_rocprofv3_stats_and_counters(tmp_path):
@@ -138,7 +138,7 @@ def test_pmc_perf_flops_and_bytes_mi300():
 
 def test_rocprof_compute_workload_mi200_uses_timestamps_csv(tmp_path):
     shutil.copytree(FIX / "rocprof_compute" / "mi200", tmp_path / "v1" / "MI200")
-    table = profilers.parse(tmp_path / "v1")  # finds the <gpu_model>/ folder below
+    table = profiling.parse(tmp_path / "v1")  # finds the <gpu_model>/ folder below
     gemm = table.rows[0]
     assert (gemm.calls, gemm.total_us, gemm.flops) == (2, 80.0, 2 * 513280)
     assert gemm.bytes == 2 * (32 * 20 + 64 * 80 + 64 * 30 + 32 * 20)
@@ -147,7 +147,7 @@ def test_rocprof_compute_workload_mi200_uses_timestamps_csv(tmp_path):
 
 # ----------------------------------------------------------------- ncu (real H200 files)
 def test_ncu_raw_page_real_file():
-    table = profilers.parse(FIX / "nvidia_h200" / "ncu_page_raw.csv")
+    table = profiling.parse(FIX / "nvidia_h200" / "ncu_page_raw.csv")
     assert table.source == "ncu"
     by_name = {r.name.split("<")[0]: r for r in table.rows}
     sgemm = by_name["void cutlass::Kernel2"]
@@ -169,7 +169,7 @@ def test_ncu_units_row_and_base_units():
 
 def test_ncu_no_kernels_profiled_says_why():
     with pytest.raises(kt.ProfileParseError, match="matched nothing.*Kernel2"):
-        profilers.parse(FIX / "nvidia_h200" / "ncu_no_kernels_profiled.csv")
+        profiling.parse(FIX / "nvidia_h200" / "ncu_no_kernels_profiled.csv")
 
 
 def test_ncu_tensor_core_gemm_flops_left_empty(tmp_path):
@@ -201,7 +201,7 @@ def test_nsys_stats_csv_variants(tmp_path):
     assert [(r.calls, r.total_us) for r in quoted.rows] == [(10, 500.0), (20, 300.0)]
     for name in ("v1_cuda_gpu_kern_sum.csv", "v1_cuda_gpu_mem_time_sum.csv"):
         shutil.copy(FIX / "nsys" / name, tmp_path / name)
-    both = profilers.parse(tmp_path)
+    both = profiling.parse(tmp_path)
     assert both.source == "nsys" and both.by_category()["copy"] > 0
     assert {r.name for r in both.rows} >= {"[CUDA memcpy Host-to-Device]", "[CUDA memset]"}
 
@@ -241,7 +241,7 @@ def test_operator_table_skips_annotations_and_kernel_rows(tmp_path):
     ("rocprof_compute/mi300/pmc_perf.csv", "rocprof-compute"), ("nsys", "nsys"),
 ])
 def test_detect(path, tool):
-    assert profilers.detect(FIX / path) == tool
+    assert profiling.detect(FIX / path) == tool
 
 
 def test_cli_parse_and_errors(tmp_path, capsys):

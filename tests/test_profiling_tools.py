@@ -229,7 +229,8 @@ def test_run_all_on_rocm_runs_skips_and_reports_failures(tmp_path):
 
 
 def test_run_all_from_a_version_folder_and_the_root(tmp_path):
-    r = ok(run("version1_baseline/run_all_profilers.sh", "--only", "ncu,nsys", "--out", tmp_path / "a",
+    # Run from inside a version folder, the root script profiles that version.
+    r = ok(run("run_all_profilers.sh", "--only", "ncu,nsys", "--out", tmp_path / "a",
                "--args-for", "ncu", "--launch-count 7", tmp_path=tmp_path, cwd=REPO / "version1_baseline",
                env={"PROFILE_BACKEND": "cuda"}))
     assert "ran:     ncu" in r.stdout and "ran:     nsys" in r.stdout and "skipped" not in r.stdout
@@ -245,8 +246,8 @@ def test_run_all_from_a_version_folder_and_the_root(tmp_path):
 def test_every_version_folder_profiles_its_own_version(tmp_path, n, folder):
     if not (REPO / folder / f"tiny_llama_v{n}.py").exists():
         pytest.skip(f"v{n} not written yet")
-    ok(run(f"{folder}/run_all_profilers.sh", "--only", "ncu", "--out", tmp_path / "o", tmp_path=tmp_path,
-           env={"PROFILE_BACKEND": "cuda"}))
+    ok(run("run_all_profilers.sh", "--only", "ncu", "--out", tmp_path / "o", tmp_path=tmp_path,
+           cwd=REPO / folder, env={"PROFILE_BACKEND": "cuda"}))
     assert str(REPO / folder / f"tiny_llama_v{n}.py") in logged(tmp_path)[0]
 
 
@@ -256,9 +257,9 @@ def test_run_all_rejects_unknown_profiler_names(tmp_path):
 
 
 def test_wrappers_are_executable_and_strict():
-    for script in [*REPO.glob("profiling/run_*.sh"), REPO / "run_all_profilers.sh",
-                   *REPO.glob("version*/run_all_profilers.sh")]:
+    for script in [*REPO.glob("profiling/run_*.sh"), REPO / "run_all_profilers.sh"]:
         assert os.access(script, os.X_OK), script
+    assert not [*REPO.glob("version*/run_all_profilers.sh")], "one run_all_profilers.sh, at the root"
     for script in REPO.glob("profiling/*.sh"):
         text = script.read_text()
         assert "set -euo pipefail" in text or "lib.sh" in text, script

@@ -8,6 +8,7 @@ vendor's table, and bit-identical repeated runs. Every output buffer is filled w
 NaN before the kernels run (POISON_OUTPUTS), so an element a kernel forgets to
 write fails the comparison.
 """
+import contextlib
 import json
 import math
 
@@ -284,33 +285,78 @@ def triton_next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def test_nvidia_configs_are_legal_block_shapes():
-    tables = common.ATTENTION_CONFIGS
-    for kernel in ("attn_fwd", "attn_bwd_dq"):
-        assert all(c["BLOCK_M"] % c["BLOCK_N"] == 0 for c in tables[kernel]["cuda"])
-    assert all(c["BLOCK_N"] % c["BLOCK_M"] == 0 for c in tables["attn_bwd_dkdv"]["cuda"])
-    for table in tables.values():  # AMD-only compiler options stay in the AMD list
-        assert not any({"waves_per_eu", "matrix_instr_nonkdim"} & set(c) for c in table["cuda"])
-    mi50 = common.usable_on(tables["attn_fwd"]["hip"][0], common.amd_target("gfx906"))
+def family_configs(kernel: str, family: str) -> list[dict]:
+    table = common.ATTENTION_CONFIGS[kernel][family]
+    return table if isinstance(table, list) else sum(table.values(), [])
+
+
+TARGETS = {"sm_90": common.nvidia_target(90), "sm_80": common.nvidia_target(80),
+           "sm_86": common.nvidia_target(86), "sm_100": common.nvidia_target(100),
+           "gfx90a": common.amd_target("gfx90a"), "gfx942": common.amd_target("gfx942"),
+           "gfx950": common.amd_target("gfx950"), "gfx906": common.amd_target("gfx906")}
+
+
+def test_configs_are_legal_block_shapes_per_family():
+    """Every family's lists: whole tiles on the diagonal, AMD-only compiler options in
+    the AMD lists only, and on the GPUs of tests/test_codegen.py (and MI50) two
+    candidates or more that fit in shared memory for every head size up to 128."""
+    families = {"sm_90", "sm_80", "cdna2", "cdna3", "hip", "interpreter"}
+    assert {common.config_family(t) for t in TARGETS.values()} == families - {"interpreter"}
+    for kernel, tables in common.ATTENTION_CONFIGS.items():
+        assert set(tables) == families
+        for family in families:
+            for c in family_configs(kernel, family):
+                m, n = c["BLOCK_M"], c["BLOCK_N"]
+                assert (n % m if kernel == "attn_bwd_dkdv" else m % n) == 0, (kernel, c)
+                amd_only = {"waves_per_eu", "matrix_instr_nonkdim"} & set(c)
+                assert not amd_only or family in ("cdna2", "cdna3", "hip"), (kernel, family, c)
+        for name in ("sm_90", "sm_80", "gfx90a", "gfx942", "gfx950", "gfx906"):
+            target, spec = TARGETS[name], common.SPECS[kernel]
+            for head_dim in (16, 64, 96, 128):
+                assert len(common.candidates(spec, target, head_dim, 2)) >= 2, (name, head_dim)
+    mi50 = common.usable_on(family_configs("attn_fwd", "hip")[0], common.amd_target("gfx906"))
     assert "matrix_instr_nonkdim" not in mi50 and "waves_per_eu" in mi50  # no MFMA on an MI50
+
+
+def test_head_size_picks_the_list():
+    """Head sizes up to 64 use a family's first list, 65..128 the second; without a
+    head size, every candidate of the family (what the autotuner is built with)."""
+    h100, fwd = TARGETS["sm_90"], common.ATTENTION_CONFIGS["attn_fwd"]["sm_90"]
+    assert common.attention_configs("attn_fwd", h100, 64) == fwd[64]
+    assert common.attention_configs("attn_fwd", h100, 32) == fwd[64]
+    assert common.attention_configs("attn_fwd", h100, 96) == fwd[128]
+    union = common.attention_configs("attn_fwd", h100)
+    assert all(c in union for c in fwd[64] + fwd[128]) and len(union) == len(fwd[64])
 
 
 # ---- what PyTorch sees: custom ops, FlopCounterMode, torch.compile ----------------
 def test_ops_are_registered_and_counted_by_flop_counter():
-    """The operators torch.compile traces carry SDPA's FLOP formula. (Eager runs call
-    the launchers directly, without the operators' host cost: FlopCounterMode sees
-    V3's attention only in compiled code.)"""
+    """The operators carry SDPA's FLOP formula. torch.compile traces them; eager calls
+    of flash_attention use them only inside common.eager_operators() (elsewhere they
+    call the launchers directly, without the operators' host cost, unseen by the counter)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    (q, k, v), _ = attention_inputs(1, 4, 2, 16, 32)
+    (q, k, v), grad = attention_inputs(1, 4, 2, 16, 32)
     ops = torch.ops.tinyllama_v3
-    with FlopCounterMode(display=False) as counter:
+    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
+    expected = {"tinyllama_v3.attention_forward": forward,
+                "tinyllama_v3.attention_backward": 2.5 * forward}
+
+    def counts(run, scope=contextlib.nullcontext()) -> dict:
+        with scope, FlopCounterMode(display=False) as counter:
+            run()
+        return {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
+
+    def operators():
         o, lse = ops.attention_forward(q, k, v, 0.25)
         ops.attention_backward(torch.ones_like(o), q, k, v, o, lse, 0.25)
-    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
-    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
-    assert counts["tinyllama_v3.attention_forward"] == forward
-    assert counts["tinyllama_v3.attention_backward"] == 2.5 * forward
+
+    def autograd():
+        forward_backward(tk.flash_attention, [q, k, v], grad)
+
+    assert counts(operators) == expected
+    assert counts(autograd, common.eager_operators()) == expected
+    assert counts(autograd) == {}  # eager: the launchers, unseen
 
 
 def test_each_config_is_chosen_once_per_key(monkeypatch):

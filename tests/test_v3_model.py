@@ -6,6 +6,7 @@ the kernels run in Triton's interpreter), and in bf16 autocast on a GPU within
 2x of V1's own bf16 error. Through the command line, the gradient guard passes
 and the loss curve on real text follows V1's.
 """
+import contextlib
 import json
 
 import pytest
@@ -98,6 +99,37 @@ def test_every_switch_keeps_the_maths(options):
     want, got = results(reference, model, 2, 21)
     scale = scales(want)
     assert all(err <= 1e-5 * scale[n] for n, err in errors(got, want).items())
+
+
+def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
+    """Eager V3 calls its kernels' launchers directly, which FlopCounterMode cannot see;
+    inside `model.flop_counting()` (what `--profile flopcounter` enters) the same calls
+    go through the operators and the counter sees every FLOP of the analytic model."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from harness import flops
+
+    cfg = config()
+    model = load_version("v3").build_model(cfg).to(DEVICE)
+    batch, seq = 1, 12
+    ids = torch.randint(0, VOCAB, (batch, seq), device=DEVICE)
+
+    def count(scope) -> FlopCounterMode:
+        with scope, FlopCounterMode(display=False) as counter:
+            logits_and_grads(model, ids, ids)
+        return counter
+
+    counted = count(model.flop_counting())
+    per_layer = 4 * batch * cfg.num_heads * seq * seq * cfg.head_dim  # SDPA's convention
+    attention = {str(op): n for op, n in counted.get_flop_counts()["Global"].items()
+                 if "attention" in str(op)}
+    assert attention == {"tinyllama_v3.attention_forward": cfg.num_layers * per_layer,
+                         "tinyllama_v3.attention_backward": int(2.5 * cfg.num_layers * per_layer)}
+    # The analytic model counts attention's backward as 2 forwards, SDPA's formula as
+    # 2.5 (it recomputes P): the half forward is the only difference.
+    recompute = cfg.num_layers * per_layer // 2
+    assert counted.get_total_flops() == flops.step_flops(cfg, batch, seq) + recompute
+    plain = count(contextlib.nullcontext())  # ordinary eager runs: launchers, no operators
+    assert plain.get_total_flops() == counted.get_total_flops() - sum(attention.values())
 
 
 def test_v1_checkpoint_round_trips_and_norms_are_triton():

@@ -11,7 +11,7 @@ A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`
     compare_medium.json   benchmarks/compare_versions.py, medium preset (every run's full results)
     compare_small.json    the same, small preset
     kernels.json          version3_triton/bench_kernels.py
-    ceilings.json         python -m analysis_tools ceilings
+    ceilings.json         python -m benchmarks.ceilings
     memory_check.json     python -m analysis_tools memory: the model against measured peaks
     flop_counters         (in summary.json) DeepSpeed's and FlopCounterMode's counts against the formula
     rows.json             the full results JSON of every other row (exercise answers)

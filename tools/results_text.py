@@ -103,7 +103,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
 
     out += ["## Ceilings and MFU", ""]
     if s and s.get("ceilings"):
-        out += ["`python -m analysis_tools ceilings` on this GPU (the measured matmul peak and copy "
+        out += ["`python -m benchmarks.ceilings` on this GPU (the measured matmul peak and copy "
                 "bandwidth the roofline uses):", "", _ceilings_text(s["ceilings"]), ""]
     else:
         out += [PLACEHOLDER, ""]
@@ -139,7 +139,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "mode) pair trains in a fresh process, pairs run round-robin, and every comparison is repeated, "
             "starting from a different pair each round, so clock ramps favour no version.",
             "- **MFU peaks**: the datasheet dense peak for the precision (bf16: matrix units; fp32: vector "
-            "FP32), `harness/flops.py`; the measured ceiling from `harness/ceilings.py`.",
+            "FP32), `harness/flops.py`; the measured ceiling from `benchmarks/ceilings.py`.",
             "- **Peak memory**: `max_memory_allocated` of the run's own process.", ""]
 
     files = ", ".join(f"`{f}`" for f in (s or {}).get("files", [])) or "-"

@@ -48,7 +48,7 @@ if not torch.cuda.is_available():  # before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
-from harness.ceilings import measure_copy_gbs  # noqa: E402
+from benchmarks.ceilings import measure_copy_gbs  # noqa: E402
 from harness.cli import OneLineParser  # noqa: E402
 from harness.results import git_commit  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
@@ -283,7 +283,7 @@ def report(result: dict) -> str:
     lines += ["", "launch configurations used:"]
     lines += [f"  {k:14s} {v}" for k, v in result["kernel_configs"].items()]
     if result["targets"]:
-        lines += ["", "targets (issue 4):"]
+        lines += ["", "kernel targets:"]
         lines += [f"  {'PASS' if t['passed'] else 'MISS'}  {t['claim']}: {t['value']:.2f}"
                   for t in result["targets"]]
     return "\n".join(lines)

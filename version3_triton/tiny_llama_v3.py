@@ -120,6 +120,13 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
     model = v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
     if triton_rmsnorm:
         use_triton_norms(model)
+    if any_kernel:
+        # `with model.flop_counting():` routes the kernels' eager calls through their
+        # torch.library operators, the only calls FlopCounterMode sees (it counts
+        # attention by the FLOP formula registered on the operator). The FLOP-counting
+        # profiler enters it around the step it counts; ordinary runs skip the
+        # operators' host cost (kernels/common.py, "operators").
+        model.flop_counting = tk.eager_operators
     if tk.INTERPRET and any_kernel:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]

@@ -133,9 +133,12 @@ def check_stage3(run: StageRunner) -> Outcome:
 
 
 # A synchronised run accounts for nearly all of its step (the rest: zero_grad, the batch
-# copy, host gaps); on a busy GPU host clocks stay below the peak - they just do not add up.
-MISSING_SHARE = 0.10    # share of the step that the broken phases lose vs the fixed ones
-FORWARD_TOO_FAST = 1.25  # broken forward TFLOP/s vs the synchronised forward's
+# copy, host gaps); host clocks leave out the wait for the GPU, so their phases cover less.
+# On a fast GPU the host launches barely ahead of it: the forward may look no faster at all
+# (below the peak, near the synchronised rate) - the share of the step the phases lose is
+# what shows reliably.
+MISSING_SHARE = 0.05   # share of the step (5 points) the broken phases lose vs the fixed ones
+FORWARD_TOO_FAST = 2.0  # broken forward rate vs the synchronised one: under half its time
 
 
 def stage3_verdict(broken: dict, fixed: dict) -> Outcome:
@@ -143,7 +146,8 @@ def stage3_verdict(broken: dict, fixed: dict) -> Outcome:
 
     Compared with the synchronised (--fixed) run of the same model, not with physics:
     ahead of a busy GPU the host gets only as far as its launching speed and the launch
-    queue let it, so the forward looks faster than it is, but not faster than the peak."""
+    queue let it, so the forward looks no faster or somewhat faster than it is (below the
+    peak), while the wait for the GPU falls outside every timed phase."""
     def coverage(r):  # how much of the step the three timed phases account for
         return sum(median(r, p) for p in ("forward", "backward", "optimizer")) / median(r, "step")
 
@@ -161,7 +165,7 @@ def stage3_verdict(broken: dict, fixed: dict) -> Outcome:
     if lost > MISSING_SHARE:
         findings.append(f"the phases account for {lost:.0%} less of the step than synchronised ones")
     if speedup > FORWARD_TOO_FAST:
-        findings.append(f"forward {speedup:.2f}x the synchronised rate")
+        findings.append(f"forward {speedup:.2f}x the synchronised rate (under half its time)")
     if peak and forward_tflops(broken) > peak:
         findings.append("forward above the GPU's peak")
     return Outcome(3, bool(findings), text + (" -> " + "; ".join(findings) if findings else ""))

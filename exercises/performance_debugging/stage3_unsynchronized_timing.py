@@ -13,7 +13,7 @@ the public precedent, which timed "forward" and "backward" this way.
 
 The checks that expose it compare with the synchronised run (--fixed): the phases
 no longer add up to the step (forward + backward + optimizer cover much less of it,
-because the wait falls between steps), and the forward appears to run much faster.
+because the wait falls between steps), and the forward may appear to run faster.
 How much faster depends on how far the host gets ahead. With many small kernels
 (V1, medium preset) launching them takes the host most of the time the GPU needs to
 run them, and it can never get further ahead than the launch queue allows, so the

@@ -12,7 +12,8 @@ On a machine without a GPU set TRITON_INTERPRET=1 *before* importing triton: the
 kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 """
 from .common import (FORCED_CONFIGS, INTERPRET, KERNEL_NAMES, attention_warning,  # noqa: F401
-                     backend, check_config, chosen_configs, current_target, forced_config)
+                     backend, check_config, chosen_configs, current_target, eager_operators,
+                     forced_config)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
 from .rmsnorm import rms_norm, rmsnorm_backward, rmsnorm_forward  # noqa: F401
 from .rope import rope, rope_forward  # noqa: F401

@@ -11,8 +11,9 @@ The prune runs once per key (sizes, dtypes) and keeps what may run here:
   2. for the memory-bound kernels (RMSNorm, RoPE), the one configuration their
      rule gives - nothing to time, a whole row per program is already close to
      the copy bandwidth;
-  3. otherwise the candidates whose tiles fit in the target's shared memory
-     (LDS on AMD). More than one left: the autotuner times them on the first
+  3. otherwise the candidates of the target's GPU family for this head size
+     (ATTENTION_CONFIGS: none of them spills registers there) whose tiles fit in
+     the target's shared memory (LDS on AMD). More than one left: the autotuner times them on the first
      call with a new key and keeps the fastest. AUTOTUNE off (V3_AUTOTUNE=0),
      or in the CPU interpreter: the first that fits, no timing (quick start-up).
 
@@ -25,6 +26,7 @@ Forcing a configuration (exercise V3-3), for one kernel of KERNEL_NAMES:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -122,51 +124,112 @@ def cfgs(*rows, **amd) -> list[dict]:
     return out
 
 
-# Flash attention's candidates; notes on the choices:
+# Flash attention's candidates, per config family (config_family) and head size.
+# A family's entry is one list for every head size, or {64: [...], 128: [...]}: the
+# list for head sizes up to 64 and the one for 65..128 (the tile's width, BLOCK_D).
+# Notes on the choices:
+# - No spills: `python -m version3_triton.codegen` compiles every candidate for
+#   MI200 (gfx90a), MI300X (gfx942), MI350 (gfx950), A100 (sm_80) and H100 (sm_90),
+#   bf16 and fp16, head sizes 64 and 128, and reads registers, spills, LDS and
+#   matrix instructions from the compiler's output. The lists hold what compiles
+#   there without spilling registers to memory (tests/test_codegen.py keeps it so);
+#   a spilled register costs a round trip to memory inside the hot loop. Head size
+#   128 doubles the Q (or K, V) tile and the fp32 accumulator each thread holds, so
+#   its tiles are smaller, or spread over 8 warps.
 # - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
-#   memory while the tensor cores work on the current ones (H100: 227 KiB).
-#   The dK/dV kernel holds K, V and two fp32 accumulators per program: at head
-#   size 128 only 8 warps with small query steps avoid spilling registers.
+#   memory while the tensor cores work on the current ones (H100: 227 KiB). A100
+#   (sm_80; also the list of sm_86/sm_89) compiles the same tiles into more
+#   registers than H100: 4-warp 128-row forward tiles spill there at head size 64.
+#   The dK/dV kernel holds K, V and two fp32 accumulators per program: at head size
+#   128 only 8 warps with small query steps avoid spilling registers.
 # - AMD: a "warp" is a 64-lane wavefront, so num_warps=4 is 256 threads. LDS is
-#   64 KiB per workgroup, so tiles are smaller and num_stages is 1. `waves_per_eu`
-#   asks the compiler to keep registers low enough for that many wavefronts per
-#   SIMD (occupancy); `matrix_instr_nonkdim=16` picks the 16x16 MFMA instructions.
-#   Both keywords exist only in the AMD compiler: passing them to the NVIDIA
-#   compiler is an error, so they appear only in the AMD lists.
-#   `python -m version3_triton.codegen` compiles every one of them for MI50 ...
-#   MI350 and shows registers, spills, LDS and matrix instructions.
+#   64 KiB per workgroup (MI350: 160 KiB), so tiles are smaller and num_stages is 1.
+#   `waves_per_eu` asks the compiler to keep registers low enough for that many
+#   wavefronts per SIMD (occupancy); `matrix_instr_nonkdim=16` picks the 16x16 MFMA
+#   instructions. Both keywords exist only in the AMD compiler: passing them to the
+#   NVIDIA compiler is an error, so they appear only in the AMD lists. MI200
+#   (CDNA2) needs more registers than MI300X/MI350 (CDNA3/4) for the same tile, so
+#   it has its own list. The "hip" list serves the AMD GPUs the kernels are not
+#   tuned for (MI50, MI100, Radeon: attention_warning).
 # - interpreter: small tiles (no timing on a CPU), so tiny test shapes still span
 #   several blocks and hit every ragged edge.
 # Flash attention needs BLOCK_M % BLOCK_N == 0 (forward, dQ) and
 # BLOCK_N % BLOCK_M == 0 (dK/dV): the diagonal block is cut into whole tiles.
 _MFMA16 = dict(matrix_instr_nonkdim=16)
+_SMALL = cfgs((32, 32, 4, 1), (16, 16, 4, 1))  # the interpreter's
 ATTENTION_CONFIGS = {
     "attn_fwd": {
-        "cuda": cfgs((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3),
-                     (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2)),
+        "sm_90": {64: cfgs((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3),
+                           (64, 64, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2)),
+                  128: cfgs((128, 64, 8, 3), (64, 32, 4, 4))},
+        "sm_80": {64: cfgs((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 4),
+                           (64, 64, 4, 2)),
+                  128: cfgs((64, 64, 8, 3), (64, 32, 8, 3), (32, 32, 4, 3))},
+        "cdna3": {64: cfgs((128, 64, 4, 1, 2), (128, 32, 4, 1, 2), (64, 32, 4, 1, 2), **_MFMA16)
+                  + [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
+                  128: cfgs((128, 32, 4, 1, 2), (64, 32, 4, 1, 2), **_MFMA16)},
+        "cdna2": {64: cfgs((128, 32, 4, 1, 2), (64, 32, 4, 1, 2), (32, 32, 4, 1, 2), **_MFMA16),
+                  128: cfgs((128, 32, 4, 1, 2), (128, 32, 8, 1, 2), (64, 32, 8, 1, 2), **_MFMA16)},
         "hip": cfgs((128, 64, 4, 1, 2), (128, 32, 4, 1, 2), (64, 64, 4, 1, 2), **_MFMA16)
         + [dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, waves_per_eu=4)],
-        "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
+        "interpreter": _SMALL,
     },
     "attn_bwd_dkdv": {  # BLOCK_N = keys per program, BLOCK_M = query rows per step
-        "cuda": cfgs((32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 3), (16, 64, 8, 3),
-                     (64, 64, 8, 3), (32, 128, 8, 2), (16, 128, 8, 2)),
+        "sm_90": {64: cfgs((32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 3), (16, 64, 8, 3),
+                           (64, 64, 8, 3), (32, 128, 8, 2), (16, 128, 8, 2)),
+                  128: cfgs((32, 64, 8, 3), (16, 64, 8, 3))},
+        "sm_80": {64: cfgs((32, 64, 4, 3), (32, 64, 4, 2), (32, 64, 8, 3), (16, 64, 8, 3),
+                           (32, 128, 8, 2), (16, 128, 8, 2)),
+                  128: cfgs((32, 64, 8, 3), (16, 64, 8, 3))},
+        "cdna3": {64: cfgs((32, 64, 4, 1, 2), (16, 64, 4, 1, 2), (16, 32, 4, 1, 2), **_MFMA16),
+                  128: cfgs((16, 32, 4, 1, 2), (16, 16, 4, 1, 2), **_MFMA16)},
         "hip": cfgs((32, 64, 4, 1, 2), (16, 64, 4, 1, 2), (16, 32, 4, 1, 2), **_MFMA16),
-        "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
+        "interpreter": _SMALL,
     },
     "attn_bwd_dq": {  # BLOCK_M = query rows per program, BLOCK_N = keys per step
-        "cuda": cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 8, 3),
-                     (128, 64, 8, 3)),
+        "sm_90": {64: cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 8, 3),
+                           (128, 64, 8, 3)),
+                  128: cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3), (128, 32, 8, 3))},
+        "sm_80": {64: cfgs((64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3)),
+                  128: cfgs((64, 32, 8, 3), (64, 64, 8, 3), (32, 32, 4, 3), (32, 16, 4, 3))},
+        "cdna3": {64: cfgs((64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
+                  + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
+                  128: cfgs((32, 32, 4, 1, 2), (32, 16, 4, 1, 2), **_MFMA16)},
+        "cdna2": {64: cfgs((64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
+                  + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
+                  128: cfgs((32, 16, 4, 1, 2), (16, 16, 4, 1, 2), **_MFMA16)},
         "hip": cfgs((64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16)
         + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
-        "interpreter": cfgs((32, 32, 4, 1), (16, 16, 4, 1)),
+        "interpreter": _SMALL,
     },
 }
+ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna3"]
 
 
-def attention_configs(kernel: str, target: Target) -> list[dict]:
-    """Flash attention's candidates on `target` (before the shared-memory prune)."""
-    return ATTENTION_CONFIGS[kernel][target.backend]
+def config_family(target: Target) -> str:
+    """Which lists of ATTENTION_CONFIGS a target uses."""
+    if target.backend == "cuda":  # A100 and the other Ampere/Ada GPUs; H100 and newer
+        return "sm_80" if target.arch.startswith("sm_8") else "sm_90"
+    if target.backend == "hip":
+        if target.arch.startswith("gfx90a"):
+            return "cdna2"  # MI200
+        return "cdna3" if target.arch.startswith(("gfx94", "gfx95")) else "hip"  # MI300, MI350
+    return target.backend
+
+
+def attention_configs(kernel: str, target: Target, head_dim: Optional[int] = None) -> list[dict]:
+    """Flash attention's candidates on `target` for `head_dim` (before the shared-memory
+    prune); head_dim None: every candidate of the target, all head sizes."""
+    table = ATTENTION_CONFIGS[kernel][config_family(target)]
+    if isinstance(table, list):
+        return table
+    if head_dim is None:  # every list's configs, once each
+        union: list[dict] = []
+        for configs in table.values():
+            union += [c for c in configs if c not in union]
+        return union
+    width = max(16, next_power_of_2(head_dim))
+    return table[min((k for k in table if k >= width), default=max(table))]
 
 
 def attention_shared_bytes(kernel: str, config: dict, width: int, elem_bytes: int) -> int:
@@ -216,7 +279,7 @@ def usable_on(config: dict, target: Target) -> dict:
 class KernelSpec:
     """How to choose the launch configuration of one kernel."""
     name: str
-    configs: Callable[[Target], list]            # the candidates on a target
+    configs: Callable[..., list]  # (target[, width]) -> the candidates; no width: all of them
     shared_bytes: Callable[[dict, int, int], int]  # (config, width, elem bytes) -> estimate
     size: Callable[[dict, dict], tuple]          # (kernel args, constexprs) -> (width, elem bytes)
     check: Callable[[dict], None] = lambda config: None  # ValueError for an impossible config
@@ -231,7 +294,7 @@ def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int) ->
     config, or the candidates whose shared memory fits (the smallest if none does)."""
     if spec.rule is not None:
         return [usable_on(spec.rule(target, width), target)]
-    configs = [usable_on(c, target) for c in spec.configs(target)]
+    configs = [usable_on(c, target) for c in spec.configs(target, width)]
     need = [spec.shared_bytes(c, width, elem_bytes) for c in configs]
     fitting = [c for c, n in zip(configs, need) if n <= target.shared_bytes]
     return fitting or [configs[need.index(min(need))]]
@@ -376,9 +439,17 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 # us per call measured on an H200 host, torch 2.11), paid by every kernel of every
 # layer, more than the kernels run at the workshop's sizes. So the autograd.Functions
 # of the kernel files go through the operators only while torch.compile traces
-# (torch.compiler.is_compiling()); eager runs call the Python launchers directly.
+# (torch.compiler.is_compiling()) or inside `eager_operators()`; other eager runs
+# call the Python launchers directly.
+#
+# What sees only operators: FlopCounterMode (torch.utils.flop_counter) counts the
+# operators that carry a FLOP formula (attention's, registered in flash_attention.py);
+# a launcher called directly is invisible to it. The FLOP-counting profiler
+# (`--profile flopcounter`) therefore counts its one step inside `eager_operators()`,
+# which the V3 model offers as `model.flop_counting`.
 LIBRARY = "tinyllama_v3"
 _IN_OPERATOR = False  # True while an operator's body runs: its launches go through wrap_triton
+_EAGER_OPERATORS = 0  # > 0 inside eager_operators(): eager calls go through the operators
 USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
                  and not INTERPRET)  # wrap_triton cannot run interpreted kernels
 
@@ -405,5 +476,23 @@ def define_op(name: str, fn, fake):
 
 
 def through_operators() -> bool:
-    """Call the operators (torch.compile is tracing) or the plain launchers (eager)?"""
-    return torch.compiler.is_compiling()
+    """Call the operators (torch.compile is tracing, or inside eager_operators()) or the
+    plain launchers (other eager calls)?"""
+    return _EAGER_OPERATORS > 0 or torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def eager_operators():
+    """Route eager calls through the operators while inside, so that tools that watch
+    PyTorch's dispatcher (FlopCounterMode) see the kernels. Same kernels, same results;
+    each call pays the operator's host cost. Nested uses are fine.
+
+        with common.eager_operators(), FlopCounterMode() as counter:
+            loss = model(x).sum(); loss.backward()
+    """
+    global _EAGER_OPERATORS
+    _EAGER_OPERATORS += 1
+    try:
+        yield
+    finally:
+        _EAGER_OPERATORS -= 1

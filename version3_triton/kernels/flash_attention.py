@@ -313,7 +313,7 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
 # ---- launch configurations ------------------------------------------------------------
 def _spec(kernel: str) -> KernelSpec:
     return KernelSpec(
-        kernel, lambda target: common.attention_configs(kernel, target),
+        kernel, lambda target, width=None: common.attention_configs(kernel, target, width),
         lambda config, width, elem_bytes: common.attention_shared_bytes(kernel, config, width,
                                                                          elem_bytes),
         lambda args, constexprs: (constexprs["HEAD_DIM"], args["Q"].element_size()),

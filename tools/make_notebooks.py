@@ -1,7 +1,7 @@
 """Write the instructor notebooks (clean JSON, no outputs) from the cells below.
 
-    python exercises/notebooks/make_notebooks.py           # (re)write the .ipynb files
-    python exercises/notebooks/make_notebooks.py --check   # exit 1 if a notebook is out of date
+    python tools/make_notebooks.py           # (re)write exercises/notebooks/*.ipynb
+    python tools/make_notebooks.py --check   # exit 1 if a notebook is out of date
 
 Keeping the cells here, as plain Python strings, gives reviewable diffs and notebooks
 that are always committed without outputs. Every notebook runs top to bottom on a
@@ -17,7 +17,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-HERE = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO_ROOT / "exercises" / "notebooks"
 
 PARAMETERS = '''\
 # Parameters: tiny shapes on a CPU, the workshop's sizes on a GPU. Change freely.
@@ -42,7 +43,7 @@ OUT = REPO / "results" / "notebooks"
 import pandas as pd
 
 from harness.config import VERSIONS, load_version
-from harness.report import format_table
+from harness.results import format_table
 from harness.results import load
 
 
@@ -474,7 +475,7 @@ for version in ("v1", "v4"):
 Every operation of one training step, with its FLOPs and the minimum bytes it must move:
 arithmetic intensity = FLOPs / bytes. Left of the ridge point (peak / bandwidth) an operation is
 memory-bound, right of it compute-bound. Without a measured ceilings file the plot shows the
-datasheet roof of a known GPU (none for a CPU); `python -m analysis_tools ceilings` measures one."""),
+datasheet roof of a known GPU (none for a CPU); `python -m benchmarks.ceilings` measures one."""),
     ("code", '''\
 from IPython.display import Image
 
@@ -538,16 +539,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     stale = []
     for name in NOTEBOOKS:
-        path, text = HERE / name, render(name)
+        path, text = NOTEBOOK_DIR / name, render(name)
         if path.exists() and path.read_text() == text:
             continue
         if args.check:
             stale.append(name)
         else:
             path.write_text(text)
-            print(f"wrote {path.relative_to(HERE.parents[1])}")
+            print(f"wrote {path.relative_to(REPO_ROOT)}")
     for name in stale:
-        print(f"{name} is out of date: run python exercises/notebooks/make_notebooks.py",
+        print(f"{name} is out of date: run python tools/make_notebooks.py",
               file=sys.stderr)
     return 1 if stale else 0
 

@@ -5,7 +5,7 @@ Two inputs:
     tensorboard_trace_handler). On a GPU it holds every kernel launch
     (cat "kernel", plus "gpu_memcpy"/"gpu_memset") with its duration in us:
     that is the kernel table. ROCm traces use the same categories.
-  * operators.csv, written by harness/profiling.py from key_averages(): one
+  * operators.csv, written by profiling/sessions.py from key_averages(): one
     row per aten operator with self/total CPU and device time. On a CPU-only
     run there are no kernels, so the operators' self CPU time is the table.
 

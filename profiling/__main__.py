@@ -1,8 +1,8 @@
-"""python -m profilers: parse profiler outputs into the common kernel table.
+"""python -m profiling: parse profiler outputs into the common kernel table.
 
-    python -m profilers parse profiles/v1/rocprofv3 -o profiles/v1/rocprofv3/kernel_table.csv
-    python -m profilers parse profiles/v1/ncu/v1_small.csv --top 20
-    python -m profilers roofline workloads/v1/MI300X_A1/roofline.csv
+    python -m profiling parse profiles/v1/rocprofv3 -o profiles/v1/rocprofv3/kernel_table.csv
+    python -m profiling parse profiles/v1/ncu/v1_small.csv --top 20
+    python -m profiling roofline workloads/v1/MI300X_A1/roofline.csv
 
 Exit codes: 0 success, 2 unreadable input (one line on stderr).
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import PARSERS, parse, rocprof_compute
-from .kernel_table import ProfileParseError, format_table, write_csv
+from .parsers import PARSERS, parse, rocprof_compute
+from .parsers.kernel_table import ProfileParseError, format_table, write_csv
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m profilers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m profiling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     ps = sub.add_parser("parse", help="print (and save) the kernel table of a profiler output")

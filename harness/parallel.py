@@ -24,23 +24,21 @@ the trainer gets, and it talks to both through the same methods.
 Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
 --compile-ddp for DDP; --fsdp-reshard-after-forward for FSDP2.
 
-Run as a module to compare runs (scaling efficiency), or to see in a PyTorch
-profiler trace how much of the NCCL time hid behind compute:
-    python -m harness.distributed single.json ddp.json [fsdp.json ...] [--json out.json]
-    python -m harness.distributed overlap rank0/pytorch/*.pt.trace.json
+After training, each rank times the step's collectives alone
+(benchmarks/comm.py) and rank 0 records them with the results. The scaling
+table and the overlap read from a profiler trace are analysis of results:
+    python -m analysis_tools scaling single.json ddp.json [fsdp.json ...] [--json out.json]
+    python -m analysis_tools overlap rank0/pytorch/*.pt.trace.json
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
 import inspect
-import json
 import math
 import os
 import sys
-import time
 from types import SimpleNamespace
 
 import torch
@@ -57,7 +55,6 @@ DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-ho
              "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward"}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSettings)}
-BUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/N, as nccl-tests
 ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
 
 
@@ -321,71 +318,11 @@ class DataParallel(SingleProcess):
         self.dist.all_gather_object(per_rank, timing)
         self.extra["per_rank_median_ms"] = {phase: [t[phase]["median"] for t in per_rank]
                                             for phase in timing}
-        self.extra["communication"] = self.measure_communication()
+        from benchmarks.comm import measure_communication
+
+        self.extra["communication"] = measure_communication(self)
         return {phase: max((t[phase] for t in per_rank), key=lambda s: s["median"] or 0.0)
                 for phase in timing}
-
-    # ------------------------------------------------------------ communication
-    def measure_communication(self, reps: int = 10) -> dict:
-        """Time the collectives of one step alone, after training.
-
-        Method: one gradient-bucket-sized buffer (--ddp-bucket-mb of the
-        gradients' dtype for DDP - fp32, or bf16 with --optimizer master - 25 MB
-        of fp32 for FSDP2, or the whole model if smaller; in 16 bits with
-        --ddp-comm-hook), timed over `reps` calls after two warm-up calls, the
-        slowest rank's mean, scaled by the number of buckets the model fills.
-        DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
-        the weights (forward and backward) and one reduce-scatter of the gradients.
-        This is the cost if nothing overlapped; DDP hides most of it behind
-        backward, and the part it cannot hide is (multi-GPU step - 1-GPU step):
-        `python -m harness.distributed` prints both.
-        Bus bandwidth follows the nccl-tests convention (comparable across N).
-        """
-        n = self.world_size
-        ddp = self.kind == "ddp"
-        hooked = ddp and self.comm_hook != "none"  # --ddp-comm-hook names a precision
-        wire = (PRECISIONS[self.comm_hook].dtype if hooked else
-                self.gradient_dtype if ddp else torch.float32)
-        # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
-        held = (self.gradient_dtype if ddp else torch.float32).itemsize
-        numel = min(self.gradient_numel, int((self.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
-        numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
-        buckets = math.ceil(self.gradient_numel / numel)
-        full = torch.ones(numel, device=self.device, dtype=wire)
-        shard = torch.ones(numel // n, device=self.device)
-        if ddp:
-            ops = {"all_reduce": self._time(lambda: self.dist.all_reduce(full), reps)}
-            per_step = ops["all_reduce"] * buckets
-        else:
-            # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
-            all_gather = getattr(self.dist, "all_gather_single", self.dist.all_gather_into_tensor)
-            reduce_scatter = getattr(self.dist, "reduce_scatter_single",
-                                     self.dist.reduce_scatter_tensor)
-            ops = {"all_gather": self._time(lambda: all_gather(full, shard), reps),
-                   "reduce_scatter": self._time(lambda: reduce_scatter(shard, full), reps)}
-            per_step = (2 * ops["all_gather"] + ops["reduce_scatter"]) * buckets
-        nbytes = numel * full.element_size()
-        busbw = {op: nbytes / ms / 1e6 * BUS_FACTOR[op] * (n - 1) / n for op, ms in ops.items()}
-        return {"method": f"{reps} timed calls on an idle device, slowest rank, "
-                          f"x {buckets} buckets; not overlapped with compute",
-                "bucket_mib": nbytes / 2**20, "buckets": buckets,
-                "gradient_mib": self.gradient_numel * held / 2**20,
-                "ms_per_bucket": ops, "per_step_ms": per_step,
-                "bus_bandwidth_gb_s_per_op": busbw,
-                "bus_bandwidth_gb_s": next(iter(busbw.values()))}  # all-reduce / all-gather
-
-    def _time(self, collective, reps: int) -> float:
-        for _ in range(2):  # the first calls set up connections and buffers
-            collective()
-        dev.synchronize(self.device)
-        self.dist.barrier()
-        start = time.perf_counter()
-        for _ in range(reps):
-            collective()
-        dev.synchronize(self.device)
-        ms = torch.tensor([(time.perf_counter() - start) * 1000 / reps], device=self.device)
-        self.dist.all_reduce(ms, op=self.dist.ReduceOp.MAX)
-        return ms.item()
 
     def close(self):
         if self.dist.is_initialized():
@@ -407,206 +344,3 @@ def _nccl_version() -> str | None:
     except Exception:  # a build without NCCL/RCCL: just record nothing
         return None
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-
-# ---------------------------------------------------------------- scaling efficiency
-def scaling(single: dict, multi: dict) -> dict:
-    """Efficiency = global tokens/s / (N x tokens/s of one GPU at the same per-GPU batch).
-
-    100% means N GPUs do N times the work per second; what is lost is
-    communication that backward could not hide, plus waiting for the slowest rank.
-    """
-    n = multi["run"].get("world_size", 1)
-    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum", "compile")
-                  if single["run"].get(k) != multi["run"].get(k)]
-    if single["run"].get("world_size", 1) != 1 or mismatched or single["config"] != multi["config"]:
-        what = ", ".join(mismatched) or ("model config" if single["config"] != multi["config"]
-                                         else "world size of the baseline")
-        raise UsageError(f"not comparable to the 1-GPU baseline (differs in {what}): "
-                         f"use the same model and per-GPU batch")
-    tps_1, tps_n = single["throughput"]["tokens_per_s"], multi["throughput"]["tokens_per_s"]
-    step_1, step_n = single["timing_ms"]["step"]["median"], multi["timing_ms"]["step"]["median"]
-    comm = (multi.get("distributed") or {}).get("communication") or {}
-    return {"kind": multi["run"].get("parallel", "single"), "variant": variant(multi),
-            "world_size": n,
-            "global_batch_size": multi["run"].get("global_batch_size"),
-            "tokens_per_s": tps_n, "tokens_per_s_per_gpu": tps_n / n,
-            "efficiency": tps_n / (n * tps_1) if tps_1 and tps_n else None,
-            "step_ms": step_n, "extra_ms_vs_1gpu": step_n - step_1,
-            "comm_ms_if_not_overlapped": comm.get("per_step_ms"),
-            "bus_bandwidth_gb_s": comm.get("bus_bandwidth_gb_s")}
-
-
-def variant(result: dict) -> str:
-    """The data-parallel knobs of a run, in words (older results: the defaults they ran with)."""
-    d = result.get("distributed") or {}
-    if d.get("kind") == "fsdp2":
-        keep = not d.get("reshard_after_forward", True)
-        return "keep weights fwd->bwd" if keep else "reshard after fwd"
-    if d.get("kind") != "ddp":
-        return ""
-    parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]
-    if d.get("comm_hook", "none") != "none":
-        parts.append(f"{d['comm_hook']} all-reduce")
-    if result["run"].get("compile"):
-        parts.append("one graph" if d.get("compile_ddp") == "whole" else "graph split per bucket")
-    if d.get("static_graph"):
-        parts.append("static graph")
-    if "NCCL_MAX_NCHANNELS" in d.get("env", {}):
-        parts.append(f"NCCL <= {d['env']['NCCL_MAX_NCHANNELS']} channels")
-    return ", ".join(parts)
-
-
-COLUMNS = (  # header, key in a scaling() row, format; text columns are left-aligned
-    ("run", "kind", "s"), ("variant", "variant", "s"), ("GPUs", "world_size", "d"),
-    ("global batch", "global_batch_size", "d"),
-    ("tokens/s", "tokens_per_s", ",.0f"), ("tok/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
-    ("efficiency", "efficiency", ".1%"), ("step ms", "step_ms", ".2f"),
-    ("+ms vs 1 GPU", "extra_ms_vs_1gpu", ".2f"),
-    ("comm ms alone", "comm_ms_if_not_overlapped", ".2f"),
-    ("bus GB/s", "bus_bandwidth_gb_s", ".1f"))
-
-
-def format_scaling(single: dict, rows: list[dict]) -> str:
-    tps = single["throughput"]["tokens_per_s"]
-    base = {"kind": "1 GPU", "variant": "", "world_size": 1,
-            "global_batch_size": single["run"].get("global_batch_size"), "tokens_per_s": tps,
-            "tokens_per_s_per_gpu": tps, "efficiency": 1.0,
-            "step_ms": single["timing_ms"]["step"]["median"]}
-    cells = [[h for h, _, _ in COLUMNS]]
-    cells += [["n/a" if r.get(key) is None else format(r[key], spec) for _, key, spec in COLUMNS]
-              for r in [base, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if spec == "s" else c.rjust(w)
-                       for c, w, (_, _, spec) in zip(row, widths, COLUMNS)).rstrip()
-             for row in cells]
-    run, d = single["run"], single["device"]
-    return "\n".join([f"device: {d['name']} ({d['backend']}), torch {d['torch']}, "
-                      f"{single['version']}, per-GPU batch {run['batch_size']} x "
-                      f"seq {run['seq_len']}, {run['precision']}, "
-                      f"{'compiled' if run.get('compile') else 'eager'}",
-                      lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
-
-
-# ---------------------------------------------------------------- overlap, from a profiler trace
-def communication_overlap(trace_path) -> dict:
-    """How much of the NCCL/RCCL kernel time ran while compute kernels ran too.
-
-    Reads the PyTorch profiler trace that `--profile pytorch` writes per rank.
-    Communication kernels are the ones named nccl* (RCCL keeps NCCL's names);
-    every other kernel counts as compute. Overlapped = time in which a
-    communication kernel and at least one compute kernel ran at once; exposed =
-    communication time with no compute beside it, which the step pays in full.
-    A communication kernel also runs while it waits for the slower rank, so
-    exposed time includes waiting for a straggler.
-    """
-    from profilers.kernel_table import ProfileParseError
-    from profilers.readers import read_text
-
-    try:
-        trace = json.loads(read_text(trace_path))
-    except (json.JSONDecodeError, ProfileParseError) as e:
-        raise UsageError(f"{trace_path}: not a readable PyTorch profiler trace "
-                         f"({getattr(e, 'msg', e)})") from None
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    kernels = [(e["ts"], e["ts"] + e.get("dur", 0), "nccl" in str(e.get("name", "")).lower())
-               for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    if not kernels:
-        raise UsageError(f"{trace_path}: no GPU kernels in this trace (a CPU run?)")
-    comm = _union([(a, b) for a, b, is_comm in kernels if is_comm])
-    compute = _union([(a, b) for a, b, is_comm in kernels if not is_comm])
-    steps = sum(1 for e in events if e.get("cat") == "user_annotation"
-                and str(e.get("name", "")).startswith("ProfilerStep#")) or 1
-    comm_us, overlapped_us = _length(comm), _overlap(comm, compute)
-
-    def per_step(us: float) -> float:  # microseconds in the trace -> ms per step
-        return us / 1000 / steps
-    return {"trace": str(trace_path), "steps": steps,
-            "comm_kernels": sum(is_comm for _, _, is_comm in kernels),
-            "comm_ms_per_step": per_step(comm_us),
-            "overlapped_ms_per_step": per_step(overlapped_us),
-            "exposed_ms_per_step": per_step(comm_us - overlapped_us),
-            "overlap_fraction": overlapped_us / comm_us if comm_us else None,
-            "compute_ms_per_step": per_step(_length(compute)),
-            "gpu_window_ms_per_step": per_step(max(b for _, b, _ in kernels)
-                                               - min(a for a, _, _ in kernels))}
-
-
-def _union(intervals) -> list[list[float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def _length(intervals) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def _overlap(a, b) -> float:
-    """Total length of the intersection of two sorted, disjoint interval lists."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def format_overlap(row: dict) -> str:
-    share = "n/a" if row["overlap_fraction"] is None else f"{row['overlap_fraction']:.0%}"
-    return (f"{row['trace']}: {row['steps']} steps; communication kernels "
-            f"{row['comm_ms_per_step']:.2f} ms/step, {row['overlapped_ms_per_step']:.2f} ms "
-            f"({share}) beside compute, {row['exposed_ms_per_step']:.2f} ms exposed; compute "
-            f"kernels {row['compute_ms_per_step']:.2f} ms/step in a "
-            f"{row['gpu_window_ms_per_step']:.2f} ms/step GPU window")
-
-
-def overlap_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.distributed overlap",
-                                description="Communication/compute overlap in PyTorch profiler "
-                                            "traces (one per rank) of a DDP or FSDP2 run.")
-    p.add_argument("traces", nargs="+", help="*.pt.trace.json[.gz] written by --profile pytorch")
-    args = p.parse_args(argv)
-    try:
-        rows = [communication_overlap(path) for path in args.traces]
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(map(format_overlap, rows)))
-    return 0
-
-
-def compare_main(argv: list[str] | None = None) -> int:
-    from . import results
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["overlap"]:
-        return overlap_main(argv[1:])
-    p = argparse.ArgumentParser(prog="python -m harness.distributed",
-                                description="Scaling efficiency of data-parallel runs "
-                                            "against a 1-GPU run of the same per-GPU batch.")
-    p.add_argument("single", help="results JSON of the 1-GPU run")
-    p.add_argument("multi", nargs="+", help="results JSONs of torchrun runs")
-    p.add_argument("--json", help="also write the comparison here")
-    args = p.parse_args(argv)
-    try:
-        single = results.load(args.single)
-        rows = [scaling(single, results.load(path)) for path in args.multi]
-    except (results.SchemaError, UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(format_scaling(single, rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"single": args.single, "runs": dict(zip(args.multi, rows))}, f, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(compare_main())

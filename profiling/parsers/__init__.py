@@ -1,10 +1,10 @@
 """Parsers that turn every profiler's output into one kernel table.
 
-    from profilers import parse
+    from profiling.parsers import kernel_table, parse
     table = parse("profiles/v1/rocprofv3")          # tool detected from the files
-    print(profilers.kernel_table.format_table(table))
+    print(kernel_table.format_table(table))
 
-Command line: python -m profilers parse PATH [-o kernel_table.csv] (see --help).
+Command line: python -m profiling parse PATH [-o kernel_table.csv] (see --help).
 Nothing here imports torch: parsing works on any machine, GPU or not.
 """
 from __future__ import annotations
