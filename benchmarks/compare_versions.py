@@ -2,6 +2,7 @@
 
     python benchmarks/compare_versions.py --preset medium --precision bf16
     python benchmarks/compare_versions.py --preset tiny --modes eager --num-steps 6   # CPU smoke
+    python benchmarks/compare_versions.py --preset medium --precision bf16 --resume  # after a cut
 
 Each (version, mode) pair trains through the very same command line an attendee
 uses (`version.main([...])`), each run in a fresh Python process of its own:
@@ -25,8 +26,10 @@ same shape (SDPA attention, torch.compile), trained by the same loop.
 Prints a table (tokens/s, ratio to V1 eager, MFU against the datasheet peak and
 against a measured matmul ceiling, probed before and after the runs: a target
 on the ceiling is judged only when the two probes agree within 3%) and writes
-one JSON (rewritten after every
-run, so an interrupted comparison still leaves its results). Each of its rows
+one JSON, rewritten atomically after every run with "complete": false (so an
+interrupted comparison still leaves its results) and with "complete": true by
+the last write. `--resume` continues an incomplete one of the same settings:
+the runs already in it are kept, only the missing ones run. Each of its rows
 keeps the run's complete results dict under "result", so
 `python -m analysis_tools compare results/compare_medium.json` draws the plots.
 """
@@ -387,6 +390,8 @@ def parse_args(argv):
     p.add_argument("--sdpa-sweep", action="store_true",
                    help="also time every SDPA backend on this preset's attention shapes")
     p.add_argument("--output", help="JSON path (default: results/compare_<preset>.json)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an incomplete --output of the same settings: run only the missing runs")
     p.add_argument("--report", metavar="JSON", help="only print the table of a saved comparison")
     args = p.parse_args(argv)
     for flag, value in (("--repeats", args.repeats), ("--num-steps", args.num_steps)):
@@ -430,32 +435,55 @@ def compare(args) -> dict:
     if output.suffix != ".json":
         raise UsageError("--output must end in .json")
 
+    settings = {"preset": preset, "precision": precision, "device": device.type,
+                "pairs": [list(pair) for pair in pairs], "num_steps": args.num_steps,
+                "warmup_steps": args.warmup_steps, "data": args.data, "sdpa_backend": args.sdpa_backend}
+    previous = load_resumable(output, settings) if args.resume else None
+    if previous and previous.get("complete"):
+        print(f"compare: {output} is complete: nothing to resume (without --resume it runs again)")
+        print_report(previous, output)
+        return previous
+
     common = ["--preset", preset, "--precision", precision, "--device", device.type,
               "--num-steps", str(args.num_steps), "--warmup-steps", str(args.warmup_steps),
               "--data", args.data]
-    probe = ceilings.matmul_probe(device, precision)
-    ceiling = probe["tflops"]
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the probe's matrices: give their memory back to the runs
     p = harness.PRESETS[preset]
-    report = {"schema": "compare_versions/1",
-              "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python", "benchmarks/compare_versions.py", *sys.argv[1:]]),
-              "git_commit": run_results.git_commit(), "device": describe(device),
-              "preset": preset, "precision": precision, "config": p.model.to_dict(),
-              "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
-              "warmup_steps": args.warmup_steps, "repeats": args.repeats,
-              "ceiling": {"matmul_tflops": ceiling, "probes": [probe], "spread_percent": None,
-                          "source": f"measured: benchmarks.ceilings.matmul_probe({precision}), "
-                                    "before and after the runs; the higher of the two"},
-              "runs": [], "summary": [], "targets": []}
+    if previous:  # its first ceiling probe stands; the one after the runs is compared with it
+        report = previous
+        probe = report["ceiling"]["probes"][0]
+        report["repeats"] = args.repeats
+        report["ceiling"].update(matmul_tflops=probe["tflops"], probes=[probe], spread_percent=None)
+    else:
+        probe = ceilings.matmul_probe(device, precision)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the probe's matrices: give their memory back to the runs
+    ceiling = probe["tflops"]
+    if not previous:
+        report = {"schema": "compare_versions/1",
+                  "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  "command": " ".join(["python", "benchmarks/compare_versions.py", *sys.argv[1:]]),
+                  "git_commit": run_results.git_commit(), "device": describe(device),
+                  "preset": preset, "precision": precision, "config": p.model.to_dict(),
+                  "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
+                  "warmup_steps": args.warmup_steps, "repeats": args.repeats,
+                  "ceiling": {"matmul_tflops": ceiling, "probes": [probe], "spread_percent": None,
+                              "source": f"measured: benchmarks.ceilings.matmul_probe({precision}), "
+                                        "before and after the runs; the higher of the two"},
+                  "settings": settings, "complete": False,
+                  "runs": [], "summary": [], "targets": []}
     print(f"compare: preset {preset}, {precision}, {report['device']['name']}, torch "
           f"{torch.__version__}; {len(pairs)} (version, mode) pairs x {args.repeats} repeats; "
           f"matmul ceiling {ceiling:.3g} TFLOP/s (measured)", flush=True)
+    done = {(r["version"], r["mode"], r["repeat"]) for r in report["runs"]}
+    if previous:
+        todo = sum((*pair, rep) not in done for pair in pairs for rep in range(args.repeats))
+        print(f"compare: resuming {output}: {len(report['runs'])} runs kept, {todo} to run", flush=True)
     with tempfile.TemporaryDirectory(prefix="compare_") as workdir:
         for repeat in range(args.repeats):
             for i in range(len(pairs)):
                 name, mode = pairs[(i + repeat) % len(pairs)]  # rotate the starting pair
+                if (name, mode, repeat) in done:
+                    continue
                 extra = ["--sdpa-backend", args.sdpa_backend] if name == "v4" else []
                 row = run_one(name, mode, repeat, common + extra, Path(workdir))
                 speed = f"{row['tokens_per_s']:,.0f} tok/s" if row["exit_code"] == 0 else row["error"]
@@ -472,11 +500,12 @@ def compare(args) -> dict:
     report["ceiling"]["probes"].append(again)
     summary = Summary(report["runs"], report["ceiling"]["matmul_tflops"], spread)
     report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
-    _write_json(output, report)
     if args.sdpa_sweep and (available("v4") is None):
+        _write_json(output, report)  # still incomplete: the sweep is to come
         dtype = PRECISIONS[precision].dtype
         report["sdpa_sweep"] = sdpa_sweep(p.model, p.batch_size, p.seq_len, device, dtype)
-        _write_json(output, report)
+    report["complete"] = True
+    _write_json(output, report)
     print_report(report, output)
     return report
 
@@ -503,6 +532,27 @@ def print_report(report: dict, output: Path) -> None:
         note = f" - {t['note']}" if t.get("note") else ""
         print(f"target {verdict} {t['target']}: {value} (need {t['threshold']}{sheet}){note}")
     print(f"results: {output}")
+
+
+def load_resumable(path: Path, settings: dict) -> dict | None:
+    """The comparison saved at `path` if --resume may continue it, None if there is none."""
+    if not path.exists():
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume: cannot read {path} ({type(e).__name__}: {e})") from None
+    if not isinstance(report, dict) or report.get("schema") != "compare_versions/1" \
+            or not isinstance(report.get("settings"), dict):
+        raise UsageError(f"--resume: {path} is not a resumable compare_versions JSON "
+                         "(remove it, or write to another --output)")
+    saved = report["settings"]
+    differ = [f"{key} {saved.get(key)!r}, not {value!r}" for key, value in settings.items()
+              if saved.get(key) != value]
+    if differ:
+        raise UsageError(f"--resume: {path} has other settings ({'; '.join(differ)}): "
+                         "remove it, or write to another --output")
+    return report
 
 
 def _write_json(path: Path, report: dict) -> None:

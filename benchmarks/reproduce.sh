@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 35 minutes on one H100/H200
+#   bash benchmarks/reproduce.sh                  # every step, about 50 minutes on one H100/H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -9,8 +9,14 @@
 #
 # Every row (one training run, one comparison, one benchmark) writes one JSON under
 # results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
-# resumes where it stopped (--force runs every row again). No step lasts more than about
-# 8 minutes, so a machine that limits one command to 10 minutes runs the steps one by one.
+# resumes where it stopped (--force runs every row again). A comparison is one row that keeps
+# every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
+# complete one is skipped. The whole run takes about 50 minutes, well over a 15-minute budget.
+# compare-medium alone takes about 15 (20 runs, 12 of them compiled; its --list time comes
+# from per-run wall times measured on an H200), so a machine that limits one command to
+# 10 minutes needs two commands for it, the second continuing where the first was cut.
+# The README table alone needs `env compare-medium publish` (~15 min); compare-small
+# (~10 min, estimated) adds its small-preset line. Every other step's estimate is 4 minutes or less.
 # The last two steps assemble the published set and check it:
 #   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
 #             and results/published/<gpu>.tgz, the same files in one archive
@@ -20,7 +26,11 @@
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
-# BASELINE (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES (the compare_versions --modes).
+# BASELINE (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES (the compare_versions --modes;
+# medium: eager,compile,reduce-overhead,reduce-overhead-master). max-autotune is left out by
+# default (minutes of compilation, no faster step); to add it back:
+#   MEDIUM_MODES=eager,compile,reduce-overhead,reduce-overhead-master,max-autotune \
+#       bash benchmarks/reproduce.sh --force compare-medium
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -34,8 +44,8 @@ ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers
 describe_step() {
     case $1 in
         env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~8 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved, 2 repeats; SDPA backends" ;;
-        compare-small)  echo "~4 min    compare_small.json: the same on the launch-bound small preset" ;;
+        compare-medium) echo "~15 min   compare_medium.json: every version and mode + the HF peer, medium preset, interleaved, 2 repeats (10 pairs: ~8.6 min, then ~6 min with Inductor's cache warm); SDPA backends" ;;
+        compare-small)  echo "~10 min   compare_small.json: the same on the launch-bound small preset (9 pairs; estimated: not timed yet, medium's per-pair times give at most ~12.5 min)" ;;
         kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
         analysis)       echo "~3 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~3 min    debug/: the five performance-debugging stages, broken and fixed" ;;
@@ -58,7 +68,7 @@ for arg in "$@"; do
         --list)
             for s in "${ALL_STEPS[@]}"; do printf '  %-15s %s\n' "$s" "$(describe_step "$s")"; done
             exit 0 ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "error: unknown option $arg (try --help)" >&2; exit 2 ;;
         *) if [ -z "$(describe_step "$arg")" ]; then
                echo "error: unknown step '$arg' (steps: ${ALL_STEPS[*]})" >&2; exit 2
@@ -91,6 +101,7 @@ start=$SECONDS
 failed=0
 say() { echo "[$(printf '%3d:%02d' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)))] $*" | tee -a "$LOG"; }
 have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
+finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
 # train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists)
 OK_EXIT=3
@@ -120,18 +131,18 @@ V4=version4_sdpa/tiny_llama_v4.py
 
 compare() {  # compare NAME PRESET: one interleaved comparison of every version and mode
     local preset=$1 out="$W/compare_$1.json" versions=v1,v2,v3,v4,hf
-    local modes=${MEDIUM_MODES:-eager,compile,reduce-overhead,reduce-overhead-master,max-autotune} peers=compile
-    if have "$out"; then say "   compare_$preset: done before, skipped"; return 0; fi
+    local modes=${MEDIUM_MODES:-eager,compile,reduce-overhead,reduce-overhead-master} peers=compile
+    if [ $FORCE = 0 ] && finished "$out"; then say "   compare_$preset: done before, skipped"; return 0; fi
     [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     [ "$preset" = small ] && modes=${SMALL_MODES:-eager,compile,reduce-overhead}
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
+    # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
+    local resume=(--resume); [ $FORCE = 1 ] && resume=()
     $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
         --versions $versions --modes $modes --peer-modes $peers --repeats $REPEATS \
-        --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" --output "$W/.partial_$preset.json" \
-        2> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
-    # compare_versions rewrites its JSON after every run: only a finished comparison is a row
-    local part="$W/.partial_$preset.json"
-    if grep -q '"spread_percent": [0-9]' "$part" 2>/dev/null; then mv "$part" "$out"; fi
+        --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" "${resume[@]}" --output "$out" \
+        2>> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
+    finished "$out" || { say "   compare_$preset: incomplete (see $W/compare_$preset.log); run the step again to continue it"; failed=1; }
 }
 
 run_step() {
@@ -225,6 +236,12 @@ run_step() {
             grep -E "^(ran|skipped|failed):" "$W/flops/$v.log" | sed "s/^/   flops\/$v /" | tee -a "$LOG"
         done ;;
     publish)
+        for preset in medium small; do
+            if [ -f "$W/compare_$preset.json" ] && ! finished "$W/compare_$preset.json"; then
+                say "   compare_$preset.json is incomplete: run compare-$preset again before publishing it"
+                failed=1
+            fi
+        done
         $PY tools/publish.py collect "$W" "$PUB" || failed=1 ;;
     regress)
         if [ ! -f "$BASELINE/summary.json" ]; then

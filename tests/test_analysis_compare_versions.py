@@ -151,3 +151,44 @@ def test_broken_stored_result_is_bad_input(tmp_path):
     broken["result"] = {"schema_version": 1, "version": "v1"}
     proc = cli("compare", synthetic(tmp_path, [broken]), "--no-plots")
     assert proc.returncode == 2 and "row 0's stored result: results are missing keys" in proc.stderr
+
+
+def test_compare_versions_resume_runs_only_the_missing_runs(tmp_path, monkeypatch, capsys):
+    """A comparison cut after its first run leaves an incomplete JSON with that run;
+    --resume runs only the missing one and marks the file complete; other settings are refused."""
+    script = importlib.import_module("benchmarks.compare_versions")
+    out = tmp_path / "compare_tiny.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--versions", "v1,v4", "--modes", "eager",
+            "--repeats", "1", "--num-steps", "2", "--warmup-steps", "1", "--output", str(out)]
+    real_run_one, started = script.run_one, []
+
+    def cut_after_one(*args, **kwargs):
+        if started:
+            raise KeyboardInterrupt  # the machine's time limit, say
+        started.append(args[:2])
+        return real_run_one(*args, **kwargs)
+
+    monkeypatch.setattr(script, "run_one", cut_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(argv)
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False and len(partial["runs"]) == 1
+
+    proc = cli("compare", out, "--no-plots")  # the JSON is already usable
+    assert proc.returncode == 0, proc.stderr
+    code = script.main([*argv[:-6], "--num-steps", "3", *argv[-4:], "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "num_steps 2, not 3" in err[0], err
+    assert json.loads(out.read_text()) == partial  # untouched
+
+    ran = []
+    monkeypatch.setattr(script, "run_one", lambda *a, **k: ran.append(a[:2]) or real_run_one(*a, **k))
+    assert script.main([*argv, "--resume"]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is True
+    assert ran == [pair for pair in (("v1", "eager"), ("v4", "eager")) if pair not in started]
+    assert sorted((r["version"], r["repeat"]) for r in saved["runs"]) == [("v1", 0), ("v4", 0)]
+    assert saved["runs"][0] == partial["runs"][0] and saved["ceiling"]["spread_percent"] is not None
+    assert {s["version"] for s in saved["summary"]} == {"v1", "v4"}
+    ran.clear()  # resuming a complete comparison runs nothing
+    assert script.main([*argv, "--resume"]) == 0 and ran == []

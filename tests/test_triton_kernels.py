@@ -18,7 +18,7 @@ import torch
 from conftest import HAS_GPU
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, rmsnorm  # noqa: E402
+from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = list(tk.KERNEL_NAMES)
@@ -29,8 +29,8 @@ def poisoned_outputs_no_autotuning(monkeypatch):
     """NaN-filled outputs. No autotuning: on a GPU it would compile every candidate
     again for each odd test shape (test_gpu_every_config_* runs each of them)."""
     monkeypatch.setattr(common, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(common, "AUTOTUNE", False)
-    monkeypatch.setattr(common, "FORCED_CONFIGS", {})
+    monkeypatch.setattr(configs, "AUTOTUNE", False)
+    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
     for kernel in KERNELS:
         monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)
 
@@ -198,7 +198,7 @@ SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BL
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     """Blocks of different sizes for forward/dQ and dK/dV (so the diagonal spans
     several tiles), set from Python and from the environment, still give the maths."""
-    monkeypatch.setattr(common, "FORCED_CONFIGS", {k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
+    monkeypatch.setattr(configs, "FORCED_CONFIGS", {k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
     monkeypatch.setenv("V3_ATTN_FWD_CONFIG", "BLOCK_M=32, BLOCK_N=16, num_warps=4")
     inputs, grad = attention_inputs(1, 2, 1, 45, 32)
     got = forward_backward(tk.flash_attention, inputs, grad)
@@ -229,7 +229,7 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     ("rmsnorm_fwd", dict(num_warps=4), "needs BLOCK_ROWS"),
 ])
 def test_impossible_forced_configs_are_refused(monkeypatch, kernel, config, message):
-    monkeypatch.setattr(common, "FORCED_CONFIGS", {kernel: config})
+    monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: config})
     inputs = [t.requires_grad_() for t in attention_inputs(1, 2, 1, 8, 16)[0]]
     with pytest.raises(ValueError, match=message):
         if kernel.startswith("attn"):
@@ -246,7 +246,7 @@ def test_config_text_from_the_environment(monkeypatch):
         tk.forced_config("attn_bwd_dq")
 
 
-ATTENTION_KERNELS = list(common.ATTENTION_CONFIGS)
+ATTENTION_KERNELS = list(configs.ATTENTION_CONFIGS)
 
 
 @pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
@@ -254,13 +254,13 @@ def test_amd_configs_fit_in_64_kib_of_lds(kernel):
     """MI200/MI300 give a workgroup 64 KiB of LDS (H100: 227 KiB). Every AMD candidate
     fits at the workshop's head size 64 in bf16, and whatever the prune lets the
     autotuner pick for any head size (16..128) and dtype stays within 64 KiB."""
-    target, spec = common.amd_target("gfx942"), common.SPECS[kernel]
-    for config in common.attention_configs(kernel, target):
+    target, spec = common.amd_target("gfx942"), configs.SPECS[kernel]
+    for config in configs.attention_configs(kernel, target):
         need = spec.shared_bytes(config, 64, 2)
         assert need <= target.shared_bytes, f"{config} needs {need} bytes"
     for width in (16, 32, 64, 96, 128):
         for elem_bytes in (2, 4):
-            allowed = common.candidates(spec, target, width, elem_bytes)
+            allowed = configs.candidates(spec, target, width, elem_bytes)
             assert allowed, (width, elem_bytes)
             for config in allowed:
                 assert spec.shared_bytes(config, width, elem_bytes) <= target.shared_bytes
@@ -277,7 +277,7 @@ def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
         assert 1 <= config["num_warps"] <= 16 and config["BLOCK_ROWS"] >= 1
         assert config["num_warps"] in (1, 16) or tile // (32 * config["num_warps"]) >= 8, config
         assert tk.check_config(kernel, config, n_cols, 2)  # a legal forced config too
-        assert common.candidates(common.SPECS[kernel], nvidia, n_cols, 2) == [config]
+        assert configs.candidates(configs.SPECS[kernel], nvidia, n_cols, 2) == [config]
     assert rmsnorm.rmsnorm_config("rmsnorm_fwd", 1024, nvidia)["BLOCK_ROWS"] == 1
 
 
@@ -286,7 +286,7 @@ def triton_next_power_of_2(n: int) -> int:
 
 
 def family_configs(kernel: str, family: str) -> list[dict]:
-    table = common.ATTENTION_CONFIGS[kernel][family]
+    table = configs.ATTENTION_CONFIGS[kernel][family]
     return table if isinstance(table, list) else sum(table.values(), [])
 
 
@@ -301,8 +301,8 @@ def test_configs_are_legal_block_shapes_per_family():
     the AMD lists only, and on the GPUs of tests/test_codegen.py (and MI50) two
     candidates or more that fit in shared memory for every head size up to 128."""
     families = {"sm_90", "sm_80", "cdna2", "cdna3", "hip", "interpreter"}
-    assert {common.config_family(t) for t in TARGETS.values()} == families - {"interpreter"}
-    for kernel, tables in common.ATTENTION_CONFIGS.items():
+    assert {configs.config_family(t) for t in TARGETS.values()} == families - {"interpreter"}
+    for kernel, tables in configs.ATTENTION_CONFIGS.items():
         assert set(tables) == families
         for family in families:
             for c in family_configs(kernel, family):
@@ -311,21 +311,21 @@ def test_configs_are_legal_block_shapes_per_family():
                 amd_only = {"waves_per_eu", "matrix_instr_nonkdim"} & set(c)
                 assert not amd_only or family in ("cdna2", "cdna3", "hip"), (kernel, family, c)
         for name in ("sm_90", "sm_80", "gfx90a", "gfx942", "gfx950", "gfx906"):
-            target, spec = TARGETS[name], common.SPECS[kernel]
+            target, spec = TARGETS[name], configs.SPECS[kernel]
             for head_dim in (16, 64, 96, 128):
-                assert len(common.candidates(spec, target, head_dim, 2)) >= 2, (name, head_dim)
-    mi50 = common.usable_on(family_configs("attn_fwd", "hip")[0], common.amd_target("gfx906"))
+                assert len(configs.candidates(spec, target, head_dim, 2)) >= 2, (name, head_dim)
+    mi50 = configs.usable_on(family_configs("attn_fwd", "hip")[0], common.amd_target("gfx906"))
     assert "matrix_instr_nonkdim" not in mi50 and "waves_per_eu" in mi50  # no MFMA on an MI50
 
 
 def test_head_size_picks_the_list():
     """Head sizes up to 64 use a family's first list, 65..128 the second; without a
     head size, every candidate of the family (what the autotuner is built with)."""
-    h100, fwd = TARGETS["sm_90"], common.ATTENTION_CONFIGS["attn_fwd"]["sm_90"]
-    assert common.attention_configs("attn_fwd", h100, 64) == fwd[64]
-    assert common.attention_configs("attn_fwd", h100, 32) == fwd[64]
-    assert common.attention_configs("attn_fwd", h100, 96) == fwd[128]
-    union = common.attention_configs("attn_fwd", h100)
+    h100, fwd = TARGETS["sm_90"], configs.ATTENTION_CONFIGS["attn_fwd"]["sm_90"]
+    assert configs.attention_configs("attn_fwd", h100, 64) == fwd[64]
+    assert configs.attention_configs("attn_fwd", h100, 32) == fwd[64]
+    assert configs.attention_configs("attn_fwd", h100, 96) == fwd[128]
+    union = configs.attention_configs("attn_fwd", h100)
     assert all(c in union for c in fwd[64] + fwd[128]) and len(union) == len(fwd[64])
 
 
@@ -370,7 +370,7 @@ def test_each_config_is_chosen_once_per_key(monkeypatch):
     def no_choosing(*args, **kwargs):
         raise AssertionError("a launch configuration was chosen again for a known key")
 
-    monkeypatch.setattr(common, "candidates", no_choosing)
+    monkeypatch.setattr(configs, "candidates", no_choosing)
     forward_backward(tk.flash_attention, [q, k, v], grad)
     forward_backward(tk.rms_norm, [x, w], x)
 
@@ -444,8 +444,8 @@ def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel):
     reference = forward_backward(attention_reference, inputs, grad, torch.float64)
     bound = [2 * e + 1e-3 * r.abs().max().item() for e, r in zip(
         pytorch_error(attention_reference, inputs, grad, torch.bfloat16, reference), reference)]
-    for config in common.candidates(common.SPECS[kernel], common.current_target(), 64, 2):
-        monkeypatch.setattr(common, "FORCED_CONFIGS", {kernel: dict(config)})
+    for config in configs.candidates(configs.SPECS[kernel], common.current_target(), 64, 2):
+        monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: dict(config)})
         errors = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)
 

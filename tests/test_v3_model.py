@@ -27,8 +27,8 @@ SCRIPTS = {"v1": REPO / "version1_baseline/tiny_llama_v1.py",
 def no_autotuning(monkeypatch):
     """One launch config per kernel: autotuning each test shape on a GPU costs minutes."""
     load_version("v3")
-    from version3_triton.kernels import common
-    monkeypatch.setattr(common, "AUTOTUNE", False)
+    from version3_triton.kernels import configs
+    monkeypatch.setattr(configs, "AUTOTUNE", False)
 
 
 def config(heads=4, kv_heads=2, head_dim=16, tied=False) -> ModelConfig:

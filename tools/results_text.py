@@ -55,9 +55,8 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "V4's edge is the fused QKV and gate/up GEMMs, RoPE tables computed once per step instead of "
             "per layer, CUDA/HIP graphs (no host launches) and, with `--optimizer master`, bf16 weights "
             "that autocast no longer casts on every call.",
-            "- **max-autotune** lets Inductor benchmark Triton GEMM templates against the vendor BLAS. "
-            "At these shapes the vendor BLAS is already the fastest, so the row costs minutes of "
-            "compilation and buys no step time; compare it with the plain compiled row.", ""]
+            "- Tried `max-autotune`: no gain worth its compile time (the vendor BLAS is already the "
+            "fastest GEMM at these shapes), so the comparison leaves it out.", ""]
 
     small_v4, small_v1 = (best(s, "small", "v4"), speed(s, "small", "v1", "eager")) if s else ({}, {})
     out += ["## The small preset is launch-bound", "",
@@ -91,8 +90,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             block("gate-up"), "",
             "The fused layout stays the default (V4 is V2's fusions plus SDPA); the flag is there to "
             "measure the counter-example. Interleaving the gate and up rows, so one kernel reads both "
-            "halves side by side, only moves strided loads into the forward and is not shipped. "
-            "`max-autotune` is in the medium table above.", ""]
+            "halves side by side, only moves strided loads into the forward and is not shipped.", ""]
 
     out += ["## Version 3's kernels against PyTorch", "",
             "`python version3_triton/bench_kernels.py`: forward and backward of each kernel, "

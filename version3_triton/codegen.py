@@ -8,7 +8,7 @@ For each target (MI50 gfx906, MI100 gfx908, MI200 gfx90a, MI300X gfx942, MI350
 gfx950; NVIDIA sm_80 and sm_90 as the cross-check), each kernel (RMSNorm forward
 and backward, RoPE, attention forward, backward dK/dV, backward dQ), dtype and
 head size, it compiles every launch configuration the chooser can pick on that
-target (`common.candidates`: the rule's config, or the candidates that fit in
+target (`configs.candidates`: the rule's config, or the candidates that fit in
 shared memory) with `triton.compile(ASTSource(...), target=GPUTarget(...))`, and
 reports what the compiler produced - not estimates:
 
@@ -103,16 +103,16 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
 
 def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
     """Every (target, kernel, dtype, head size, config) the chooser can produce."""
-    from version3_triton.kernels import common
+    from version3_triton.kernels import configs
     out = []
     for name in targets:
         target = target_of(name)
         for kernel in kernels:
-            spec = common.SPECS[kernel]
+            spec = configs.SPECS[kernel]
             widths = [HIDDEN] if kernel.startswith("rmsnorm") else head_dims
             for dtype in dtypes:
                 for width in widths:
-                    for config in common.candidates(spec, target, width, 2 if dtype != "fp32" else 4):
+                    for config in configs.candidates(spec, target, width, 2 if dtype != "fp32" else 4):
                         out.append(dict(target=name, kernel=kernel, dtype=dtype, width=width,
                                         config=config))
     return out

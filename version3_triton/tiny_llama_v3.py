@@ -23,7 +23,7 @@ lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope, V2's fusion flags)
 measure each piece alone. Block sizes of the kernels can be forced for an
 exercise, e.g. V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the
-top of kernels/common.py; the results JSON records any forced configuration.
+top of kernels/configs.py; the results JSON records any forced configuration.
 
 Without a GPU the kernels run in Triton's CPU interpreter (slow, tiny preset).
 

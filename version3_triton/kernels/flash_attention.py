@@ -16,8 +16,8 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from . import common
-from .common import KernelSpec
+from . import common, configs
+from .configs import KernelSpec
 
 MAX_HEAD_DIM = 128
 
@@ -308,20 +308,18 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
                 offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
-
-
 # ---- launch configurations ------------------------------------------------------------
 def _spec(kernel: str) -> KernelSpec:
     return KernelSpec(
-        kernel, lambda target, width=None: common.attention_configs(kernel, target, width),
-        lambda config, width, elem_bytes: common.attention_shared_bytes(kernel, config, width,
-                                                                         elem_bytes),
+        kernel, lambda target, width=None: configs.attention_configs(kernel, target, width),
+        lambda config, width, elem_bytes: configs.attention_shared_bytes(kernel, config, width,
+                                                                          elem_bytes),
         lambda args, constexprs: (constexprs["HEAD_DIM"], args["Q"].element_size()),
-        common.attention_block_check(kernel))
+        configs.attention_block_check(kernel))
 
 
 FWD, DKDV, DQ = (_spec(k) for k in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"))
-common.SPECS.update({s.name: s for s in (FWD, DKDV, DQ)})
+configs.SPECS.update({s.name: s for s in (FWD, DKDV, DQ)})
 # What the best tile depends on: sequence length, head size, GQA group, dtype
 # (the autotuner adds the tensors' dtypes) - not batch or head count.
 TUNING_KEY = ["N_CTX", "GROUP_SIZE", "HEAD_DIM", "DOT_PRECISION"]
@@ -392,8 +390,7 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                        sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Causal flash attention backward: the dQ kernel, then the dK/dV kernel."""
     grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
-    B, H, T, D = q.shape
-    H_kv = k.shape[1]
+    (B, H, T, D), H_kv = q.shape, k.shape[1]
     dq, dk, dv = _grads(q, k, v)
     if q.numel() == 0:
         return dq, dk, dv
@@ -434,7 +431,6 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_o):
         backward = _backward_op if common.through_operators() else attention_backward
         return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
-
 
 
 # FlopCounterMode counts attention as PyTorch counts SDPA (4*B*H*Tq*Tk*D forward,

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common
-from .common import KernelSpec, Target
+from . import common, configs
+from .common import Target
+from .configs import KernelSpec
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -127,7 +128,7 @@ def _spec(kernel: str) -> KernelSpec:
                       rule=lambda target, width: rmsnorm_config(kernel, width, target))
 
 
-FWD, BWD = common.SPECS["rmsnorm_fwd"], common.SPECS["rmsnorm_bwd"] = (
+FWD, BWD = configs.SPECS["rmsnorm_fwd"], configs.SPECS["rmsnorm_bwd"] = (
     _spec("rmsnorm_fwd"), _spec("rmsnorm_bwd"))
 
 
