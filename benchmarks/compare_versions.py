@@ -55,6 +55,7 @@ from harness import results as run_results  # noqa: E402
 from harness.cli import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_version  # noqa: E402
 PEER = "hf"
+WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
 VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"), "v3": ("eager", "compile"),
                  "v4": ("eager", "compile", "reduce-overhead", "max-autotune",
                         "compile-master", "reduce-overhead-master")}
@@ -151,11 +152,16 @@ def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path)
     skips = json.loads(counts.read_text())["cudagraph_skips"] if counts.exists() else 0
     row = {"version": name, "mode": mode, "repeat": repeat, "exit_code": code,
            "wall_s": round(time.perf_counter() - started, 1), "cudagraph_skips": skips}
+    if code == 0:
+        try:
+            r = run_results.load(out)
+        except run_results.SchemaError as e:  # exited 0 without a readable results file
+            row["exit_code"], code = 1, 1
+            lines.append(f"error: {e}")
     if code != 0:
         errors = [line for line in lines if line.startswith("error")]
         row["error"] = (errors or lines or [f"exit code {code}"])[-1]
     else:
-        r = run_results.load(out)
         row.update(tokens_per_s=r["throughput"]["tokens_per_s"],
                    step_ms=r["timing_ms"]["step"]["median"],
                    phases_ms={p: r["timing_ms"][p]["median"] for p in ("forward", "backward", "optimizer")},
@@ -382,7 +388,9 @@ def parse_args(argv):
     p.add_argument("--peer-modes", default="compile", help="modes for the HF peer")
     p.add_argument("--repeats", type=int, default=2, help="rounds over all (version, mode) pairs")
     p.add_argument("--num-steps", type=int, default=30)
-    p.add_argument("--warmup-steps", type=int, default=8)
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help=f"steps excluded from timing (default: {WARMUP_STEPS}, at most half of "
+                        f"--num-steps)")
     p.add_argument("--precision", choices=tuple(PRECISIONS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
@@ -397,6 +405,11 @@ def parse_args(argv):
     for flag, value in (("--repeats", args.repeats), ("--num-steps", args.num_steps)):
         if value <= 0:
             raise UsageError(f"{flag} must be > 0 (got {value})")
+    if args.warmup_steps is None:
+        args.warmup_steps = min(WARMUP_STEPS, args.num_steps // 2)
+    if not 0 <= args.warmup_steps < args.num_steps:
+        raise UsageError(f"--warmup-steps must be >= 0 and below --num-steps "
+                         f"({args.warmup_steps} vs {args.num_steps})")
     return args
 
 

@@ -78,9 +78,6 @@ class Preflight:
         """Bytes of one activation value in this run's precision."""
         return PRECISIONS[self.precision].bytes
 
-    def autocast(self):
-        return autocast_for(self.precision, self.device)
-
 
 # ---------------------------------------------------------------- model
 def build(settings: RunSettings, build_model, reference_weights=None) -> torch.nn.Module:

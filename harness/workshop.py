@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .cli import default_warmup
 from .config import VERSIONS
 from .results import SchemaError, format_table, load
 
@@ -94,14 +95,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default=None, help="default: chosen for this device")
     p.add_argument("--num-steps", type=int, default=None,
-                   help="steps per version (default: 30 at the tiny preset, 50 otherwise)")
+                   help=f"steps per version (default: {QUICK_STEPS} with --quick, 30 at the tiny "
+                        f"preset, 50 otherwise)")
     p.add_argument("--quick", action="store_true",
                    help=f"tiny preset, {QUICK_STEPS} steps: checks that every version runs (CI)")
     p.add_argument("--out-dir", default=str(REPO / "results" / "workshop"))
     p.add_argument("extra", nargs="*", help="more flags passed to every version (after --)")
     args = p.parse_args(argv)
     preset = args.preset or ("tiny" if args.quick else device_preset())
-    steps = args.num_steps or (QUICK_STEPS if args.quick else 30 if preset == "tiny" else 50)
+    steps = args.num_steps if args.num_steps is not None else (
+        QUICK_STEPS if args.quick else 30 if preset == "tiny" else 50)
     if steps < 1:
         print("error: --num-steps must be > 0", file=sys.stderr)
         return 2
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
                 continue
             out = staging / f"{version}.json"
             cmd = [sys.executable, str(REPO / script), "--preset", preset, "--num-steps", str(steps),
-                   "--warmup-steps", str(min(5, steps // 2)), "--output", str(out),
+                   "--warmup-steps", str(default_warmup(steps)), "--output", str(out),
                    *args.extra]
             print(f"  running {version} ...", flush=True)
             t0 = time.monotonic()

@@ -186,4 +186,6 @@ def test_model_warnings_reach_the_results(tmp_path, capsys):
         model.run_warnings = ["kernels ran in an interpreter"]
         return model
     code, _, out = _run_in_process(noted, tmp_path, capsys)
-    assert code == 0 and load(out)["warnings"] == ["kernels ran in an interpreter"]
+    # The model's warning comes first; timing warnings (a loaded machine can make the backward
+    # look faster than the forward) may follow it.
+    assert code == 0 and load(out)["warnings"][:1] == ["kernels ran in an interpreter"]
