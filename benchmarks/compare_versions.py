@@ -356,20 +356,13 @@ def _back_to_back(fn, calls: int):
 
 
 def _graph_replay(fn, calls: int):
-    """`calls` calls of fn captured as one CUDA graph (its replay), or None if capture fails."""
+    """`calls` calls of fn replayed from one CUDA graph, or None if capture fails."""
     import torch
 
+    from harness.measure import capture_graph
+
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up on the stream that captures
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-        return graph.replay
+        return capture_graph(fn, calls)
     except RuntimeError:
         torch.cuda.synchronize()
         return None

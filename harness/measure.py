@@ -43,6 +43,27 @@ def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
     return summarize(samples)["median"]
 
 
+def capture_graph(fn, calls: int, warmup_calls: int = 1):
+    """`calls` calls of fn captured as one CUDA/HIP graph; returns its replay.
+
+    fn first runs `warmup_calls` times on the side stream that captures (capture
+    needs the caching allocator, every kernel and any autotuning warmed up).
+    Raises what capture raises (a kernel that synchronizes, an old driver): the
+    caller decides how to say so."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup_calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: what follows is measured, not what came before it."""
     if device.type == "cuda":

@@ -123,6 +123,13 @@ def _fmt(value, spec: str, missing: str = "n/a") -> str:
     return missing if value is None else format(value, spec)
 
 
+def duration_text(seconds: float) -> str:
+    """A wall time as people say it: '40 s', '2.5 min', '1.2 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def table_rows(results: list[dict]) -> list[dict]:
     """One row per run; speed-up is relative to the first v1 run (if any)."""
     base = next((r for r in results if r["version"] == "v1"), None)

@@ -343,14 +343,8 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     speed = f" | {ms:8.2f} ms/step | {tokens_per_step / ms * 1000:10,.0f} tok/s" if ms else " | warm-up"
     left = settings.num_steps - step - 1
     step_ms = ms or clocks[step].elapsed_ms("start", "end")  # in warm-up: this step's own time
-    eta = f" | about {_duration(left * step_ms / 1000)} left" if left else ""
+    eta = f" | about {results.duration_text(left * step_ms / 1000)} left" if left else ""
     return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _assemble(settings, precision, device, losses, timing, memory, checked_params,

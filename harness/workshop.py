@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .cli import default_warmup
 from .config import VERSIONS
-from .results import SchemaError, format_table, load
+from .results import SchemaError, duration_text, format_table, load
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 3
@@ -53,10 +53,6 @@ def device_preset() -> str:
 def has_gpu() -> bool:
     import torch
     return torch.cuda.is_available()
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def run_version(version: str, cmd: list[str]) -> tuple[int, str]:
@@ -142,7 +138,7 @@ def main(argv=None) -> int:
             except SchemaError as e:
                 failed.append(f"{version}: {e}")
                 continue
-            print(f"  {version} done in {_duration(time.monotonic() - t0)}", flush=True)
+            print(f"  {version} done in {duration_text(time.monotonic() - t0)}", flush=True)
         publish(staging, out_dir, names)
     except KeyboardInterrupt:
         print(f"\nworkshop: interrupted; {out_dir} keeps its previous results", file=sys.stderr)
@@ -156,7 +152,7 @@ def main(argv=None) -> int:
         if rows[0]["device"]["type"] == "cpu":
             print()
             print(CPU_NOTE)
-        print(f"\nresults: {out_dir}/ ({_duration(time.monotonic() - started)} in all)")
+        print(f"\nresults: {out_dir}/ ({duration_text(time.monotonic() - started)} in all)")
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed or not rows else 0

@@ -50,6 +50,7 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
 from benchmarks.ceilings import measure_copy_gbs  # noqa: E402
 from harness.cli import OneLineParser  # noqa: E402
+from harness.measure import capture_graph  # noqa: E402
 from harness.results import git_commit  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
 
@@ -110,28 +111,18 @@ class Timer:
             return None, "no GPU"
         calls = max(1, min(200, int(20 / max(estimate_ms, 1e-3))))
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    fn()
-            graph.replay()
+            replay = capture_graph(fn, calls, warmup_calls=3)
+            replay()
             torch.cuda.synchronize()
             samples = []
             for _ in range(5):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                graph.replay()
+                replay()
                 end.record()
                 end.synchronize()
                 samples.append(start.elapsed_time(end) / calls)
-            del graph
+            del replay
             return statistics.median(samples), None
         except Exception as e:  # capture can fail (a kernel that syncs, an old driver): say why
             torch.cuda.synchronize()
