@@ -16,7 +16,8 @@ reads the JSON they write.
 A ceiling is only useful if it is stable. The matmul probe therefore warms up
 for GPU_WARMUP_S seconds of GEMMs first (clocks ramp up and cuBLAS/hipBLASLt
 pick their kernels), then times several shapes (MATMUL_SHAPES) with device
-events, takes each shape's median and reports the best: one shape that
+events, takes each shape's median (each sample: CALLS_PER_SAMPLE products back to back,
+the sustained load training puts on the chip) and reports the best: one shape that
 happens to get a poor kernel or a clock dip cannot drag the ceiling down.
 Even so, report MFU against the datasheet peak beside it, and judge nothing on
 a probe that moves by more than STABLE_PERCENT between two measurements
@@ -50,6 +51,9 @@ from harness.measure import median_ms  # noqa: E402
 
 GPU_WARMUP_S = 2.0  # seconds of untimed GEMMs before a GPU probe: clocks ramp up
 STABLE_PERCENT = 3.0  # two probes further apart than this: the ceiling is not trusted
+# GEMMs per timed sample (~15 ms of sustained work): a GPU at its power limit moves its
+# clock from one ~1 ms product to the next, and a sync after each lets it idle.
+CALLS_PER_SAMPLE = 10
 # (m, k, n) of the products the matmul probe times; it reports the best median.
 MATMUL_SHAPES = {"cuda": ((8192, 8192, 8192), (16384, 8192, 4096), (4096, 8192, 16384)),
                  "cpu": ((1024, 1024, 1024),)}
@@ -101,7 +105,8 @@ def matmul_probe(device, precision: str = "bf16", size: int | None = None, warmu
             out = torch.empty(m, n, device=device, dtype=dtype)
             # The first shape carries the long warm-up (clocks); later ones a short one (kernels).
             ms = median_ms(device, lambda: torch.mm(a, b, out=out), warmup, repeats,
-                           warmup_s=_warmup_s(device) if i == 0 else _warmup_s(device) / 8)
+                           warmup_s=_warmup_s(device) if i == 0 else _warmup_s(device) / 8,
+                           calls_per_sample=CALLS_PER_SAMPLE if device.type == "cuda" else 1)
             results[f"{m}x{k}x{n}"] = 2 * m * k * n / (ms / 1000) / 1e12
             del a, b, out
     return {"tflops": max(results.values()), "shapes": results}

@@ -56,7 +56,8 @@ from harness.cli import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_version  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
-VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"), "v3": ("eager", "compile"),
+VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"),
+                 "v3": ("eager", "compile", "reduce-overhead", "reduce-overhead-master"),
                  "v4": ("eager", "compile", "reduce-overhead", "max-autotune",
                         "compile-master", "reduce-overhead-master")}
 MODE_FLAGS = {"eager": [], "compile": ["--compile"],
@@ -77,6 +78,12 @@ TARGETS = [
      lambda s: s.ratio(s.best("v4"), s.speed(PEER, "compile")), 1.15),
     ("small", "V4 best >= 3x HF peer (compiled)",
      lambda s: s.ratio(s.best("v4"), s.speed(PEER, "compile")), 3.0),
+    # Our own kernels against the vendor's: V3's fusions across operator boundaries.
+    ("medium", "V3 best >= 1.15x V4 best", lambda s: s.ratio(s.best("v3"), s.best("v4")), 1.15),
+    ("medium", "V3 best >= 1.35x HF peer (compiled)",
+     lambda s: s.ratio(s.best("v3"), s.speed(PEER, "compile")), 1.35),
+    ("small", "V3 with graphs >= 0.9x V4 with graphs",
+     lambda s: s.ratio(s.speed("v3", "reduce-overhead"), s.speed("v4", "reduce-overhead")), 0.9),
 ]
 
 

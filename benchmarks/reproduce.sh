@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 50 minutes on one H100/H200
+#   bash benchmarks/reproduce.sh                  # every step, about 45 minutes on one H100/H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -11,12 +11,9 @@
 # results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
 # resumes where it stopped (--force runs every row again). A comparison is one row that keeps
 # every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
-# complete one is skipped. The whole run takes about 50 minutes, well over a 15-minute budget.
-# compare-medium alone takes about 15 (20 runs, 12 of them compiled; its --list time comes
-# from per-run wall times measured on an H200), so a machine that limits one command to
-# 10 minutes needs two commands for it, the second continuing where the first was cut.
-# The README table alone needs `env compare-medium publish` (~15 min); compare-small
-# (~10 min, estimated) adds its small-preset line. Every other step's estimate is 4 minutes or less.
+# complete one is skipped. Each step's time (--list) comes from runs on an H200; a machine
+# that limits one command to 10 minutes runs the steps a few at a time, each command
+# continuing where the last stopped. The README table needs `env compare-medium publish`.
 # The last two steps assemble the published set and check it:
 #   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
 #             and results/published/<gpu>.tgz, the same files in one archive
@@ -26,10 +23,11 @@
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
-# BASELINE (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES (the compare_versions --modes;
-# medium: eager,compile,reduce-overhead,reduce-overhead-master). max-autotune is left out by
-# default (minutes of compilation, no faster step); to add it back:
-#   MEDIUM_MODES=eager,compile,reduce-overhead,reduce-overhead-master,max-autotune \
+# REPEATS (1: rounds of each comparison), BASELINE (docs/published/<gpu>), MEDIUM_MODES /
+# SMALL_MODES (the compare_versions --modes; medium: eager,compile,reduce-overhead-master,
+# small: eager,reduce-overhead). max-autotune is left out by default (minutes of compilation,
+# no faster step); to add it back:
+#   MEDIUM_MODES=eager,compile,reduce-overhead-master,max-autotune \
 #       bash benchmarks/reproduce.sh --force compare-medium
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,14 +42,14 @@ ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers
 describe_step() {
     case $1 in
         env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~15 min   compare_medium.json: every version and mode + the HF peer, medium preset, interleaved, 2 repeats (10 pairs: ~8.6 min, then ~6 min with Inductor's cache warm); SDPA backends" ;;
-        compare-small)  echo "~10 min   compare_small.json: the same on the launch-bound small preset (9 pairs; estimated: not timed yet, medium's per-pair times give at most ~12.5 min)" ;;
+        compare-medium) echo "~10 min   compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
+        compare-small)  echo "~5 min    compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
         kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
         analysis)       echo "~3 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~3 min    debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~4 min    memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
         levers)         echo "~3 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
-        fusion)         echo "~3 min    fusion/: V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
+        fusion)         echo "~7 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~2 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~3 min    sdpa/: V4 with each SDPA backend; V4 medium with CUDA/HIP graphs" ;;
         flops)          echo "~2 min    flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
@@ -83,7 +81,7 @@ if [ $QUICK = 1 ]; then
     GPU=${GPU:-cpu-quick}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
-    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=10; REPEATS=2
+    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=10; REPEATS=${REPEATS:-1}
     if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
         exit 2
@@ -131,10 +129,10 @@ V4=version4_sdpa/tiny_llama_v4.py
 
 compare() {  # compare NAME PRESET: one interleaved comparison of every version and mode
     local preset=$1 out="$W/compare_$1.json" versions=v1,v2,v3,v4,hf
-    local modes=${MEDIUM_MODES:-eager,compile,reduce-overhead,reduce-overhead-master} peers=compile
+    local modes=${MEDIUM_MODES:-eager,compile,reduce-overhead-master} peers=compile
     if [ $FORCE = 0 ] && finished "$out"; then say "   compare_$preset: done before, skipped"; return 0; fi
     [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
-    [ "$preset" = small ] && modes=${SMALL_MODES:-eager,compile,reduce-overhead}
+    [ "$preset" = small ] && modes=${SMALL_MODES:-eager,reduce-overhead}
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
     local resume=(--resume); [ $FORCE = 1 ] && resume=()
@@ -202,11 +200,16 @@ run_step() {
         train levers data_text $V1 --preset $MEDIUM --precision bf16 --data text --vocab-size 1000
         train levers opt_fused $V1 --preset $MEDIUM --precision bf16 --optimizer fused ;;
     fusion)
+        local graphs=(--compile --compile-mode reduce-overhead --optimizer master)
+        # V3's fusions across operator boundaries, each against V3 without it
+        train fusion v3_graphs_master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
+        train fusion v3_graphs_master_no_fused_residual_norm $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-residual-norm
+        train fusion v3_eager $V3 --preset $MEDIUM --precision bf16
+        train fusion v3_eager_rope_in_attention $V3 --preset $MEDIUM --precision bf16 --rope-in-attention
         train fusion v2_all_on $V2 --preset $MEDIUM --precision bf16
         for f in fused-qkv fused-gate-up fused-rmsnorm fused-swiglu; do
             train fusion v2_no_${f//-/_} $V2 --preset $MEDIUM --precision bf16 --no-$f
         done
-        local graphs=(--compile --compile-mode reduce-overhead --optimizer master)
         train fusion v4_graphs_master $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}"
         train fusion v4_graphs_master_no_fused_gate_up $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-gate-up ;;
     blocks)

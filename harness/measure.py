@@ -22,9 +22,11 @@ def summarize(samples_ms: list[float]) -> dict:
 
 
 def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
-              warmup_s: float = 0.0) -> float:
-    """Median device time of `work()` in ms, after `warmup` untimed calls and
-    at least `warmup_s` seconds of them."""
+              warmup_s: float = 0.0, calls_per_sample: int = 1) -> float:
+    """Median device time of one `work()` in ms, after `warmup` untimed calls and
+    at least `warmup_s` seconds of them. Each of the `repeats` samples times
+    `calls_per_sample` back-to-back calls between two events: no host sync between
+    them, so the device stays busy as it is in training (and its clocks with it)."""
     started = time.perf_counter()
     done = 0
     while done < warmup or time.perf_counter() - started < warmup_s:
@@ -36,10 +38,11 @@ def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
     for _ in range(repeats):
         clock = dev.StepClock(device)
         clock.mark("start")
-        work()
+        for _ in range(calls_per_sample):
+            work()
         clock.mark("end")
         dev.synchronize(device)
-        samples.append(clock.elapsed_ms("start", "end"))
+        samples.append(clock.elapsed_ms("start", "end") / calls_per_sample)
     return summarize(samples)["median"]
 
 

@@ -146,7 +146,7 @@ def test_gpu_compare_versions_reports_each_runs_own_peak(tmp_path, capsys):
 
     out = tmp_path / "compare.json"
     code = importlib.import_module("benchmarks.compare_versions").main(
-        ["--preset", "small", "--versions", "v1,v4", "--modes", "compile", "--repeats", "2",
+        ["--preset", "small", "--versions", "v1,v4", "--modes", "eager", "--repeats", "2",
          "--num-steps", "8", "--warmup-steps", "3", "--output", str(out)])
     assert code == 0, capsys.readouterr().err[-2000:]
     runs = json.loads(out.read_text())["runs"]

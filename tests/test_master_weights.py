@@ -146,7 +146,7 @@ def test_compiled_update_matches_eager_on_gpu():
 
 @pytest.mark.gpu
 def test_training_follows_autocast_on_gpu(tmp_path):
-    flags = ["--device", "cuda", "--compile"]
+    flags = ["--device", "cuda"]  # the update is compiled on a GPU; the model need not be
     plain = run(tmp_path, "fused", "--optimizer", "fused", *flags)
     master = run(tmp_path, "master", "--optimizer", "master", *flags)
     assert master["losses"] == pytest.approx(plain["losses"], rel=1e-3)

@@ -43,8 +43,11 @@ DIFFS = {
          V2, ["Attention.attend"], V3, ["TritonAttention.attend"]),
         ("RMSNorm: torch's fused kernel -> our Triton kernel (writes the autocast dtype)",
          V2, ["RMSNorm.forward"], V3, ["TritonRMSNorm.forward"]),
-        ("RoPE: eight PyTorch operations for q and again for k -> one Triton kernel for both",
+        ("RoPE: eight PyTorch operations for q and again for k -> inside the attention kernels",
          V2, ["Attention.forward", "apply_rope"], V3, ["TritonAttention.forward"]),
+        ("Residual adds: a separate add before each norm -> inside the norm's kernels",
+         V2, ["Block.forward", "TinyLlama.forward"], V3,
+         ["ResidualNormBlock.forward", "ResidualNormLlama.forward"]),
     ]),
     "v4": (f"{VERSIONS['v4'].folder}/README.md", [
         ("Attention core: our Triton kernel -> PyTorch SDPA (the vendor's flash kernels)",
@@ -53,6 +56,9 @@ DIFFS = {
          V3, ["TritonRMSNorm.forward"], V2, ["RMSNorm.forward"]),
         ("RoPE: back to V2's PyTorch operations (torch.compile fuses them)",
          V3, ["TritonAttention.forward"], V2, ["Attention.forward", "apply_rope"]),
+        ("Residual adds: back to V2's block (torch.compile fuses them)",
+         V3, ["ResidualNormBlock.forward", "ResidualNormLlama.forward"], V2,
+         ["Block.forward", "TinyLlama.forward"]),
     ]),
 }
 

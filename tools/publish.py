@@ -378,6 +378,10 @@ FUSION_ROWS = _rows("fusion", [("V2, every fusion on", "v2_all_on"), ("V2 withou
                                ("V2 without fused SiLU*mul", "v2_no_fused_swiglu")])
 GATE_UP_ROWS = _rows("fusion", [("V4 graphs + master weights", "v4_graphs_master"),
                                 ("the same, `--no-fused-gate-up`", "v4_graphs_master_no_fused_gate_up")])
+V3_FUSION_ROWS = _rows("fusion", [("V3 graphs + master weights", "v3_graphs_master"),
+                                   ("the same, `--no-fused-residual-norm`", "v3_graphs_master_no_fused_residual_norm"),
+                                   ("V3 eager", "v3_eager"),
+                                   ("the same, `--rope-in-attention`", "v3_eager_rope_in_attention")])
 BLOCK_ROWS = _rows("blocks", [("autotuned", "autotuned"), ("BLOCK_M=32, BLOCK_N=32, 4 warps, 2 stages", "fwd_M_32_N_32_warps_4_stages_2"),
                               ("BLOCK_M=64, BLOCK_N=64, 4 warps, 3 stages", "fwd_M_64_N_64_warps_4_stages_3"),
                               ("BLOCK_M=128, BLOCK_N=64, 8 warps, 3 stages", "fwd_M_128_N_64_warps_8_stages_3")])
@@ -480,6 +484,7 @@ BLOCKS = {
     "levers": lambda s: row_table(s, LEVER_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
     "fusion-ablations": lambda s: row_table(s, FUSION_ROWS),
     "gate-up": lambda s: row_table(s, GATE_UP_ROWS),
+    "v3-fusions": lambda s: row_table(s, V3_FUSION_ROWS),
     "v2-compile": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v2", "eager"), ("v2", "compile")}),
     "v3-v4": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v3", "eager"), ("v3", "compile"),
                                                          ("v4", "eager"), ("v4", "compile")}),

@@ -10,6 +10,13 @@ What is measured:
   implementation must move: forward reads x and writes y, backward reads x and
   dy and writes dx (5 * M * N * element size), plus the per-row 1/rms (written
   once, read once: 8 * M) and the weight (read twice, its gradient written once).
+- Residual add + RMSNorm (add_rms_norm, V3's --fused-residual-norm) at the same
+  shape: x fp32 (the residual stream) plus delta in the benchmark's dtype (a
+  branch output), against `x + delta` followed by F.rms_norm and by our unfused
+  norm. Minimum bytes: the forward reads x and delta and writes h (fp32) and y;
+  the backward reads dy, the residual gradient dh_in (fp32) and h, and writes dh
+  (fp32) and delta's gradient: (5 * 4 + 4 * elem) * M * N, plus 1/rms and the
+  (fp32) weight as above.
 - Causal attention, b16 h16 s512 d64 and b4 h16 s2048 d128 (+ a GQA case),
   against F.scaled_dot_product_attention: time ratio (SDPA time / ours, > 1 means
   ours is faster) and TFLOP/s in the attention-kernel convention: 4*B*H*N^2*D
@@ -183,6 +190,45 @@ def bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
     return out
 
 
+def add_rmsnorm_min_bytes(rows: int, cols: int, elem: int) -> int:
+    return (5 * 4 + 4 * elem) * rows * cols + 8 * rows + 3 * cols * 4
+
+
+def bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
+    """(h, y) = (x + delta, rms_norm(x + delta) * w) forward and backward, the gradient
+    arriving at both h (the residual path) and y, as inside the model."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, cols, device=device, generator=g).requires_grad_()
+    delta = torch.randn(rows, cols, device=device, generator=g).to(dtype).requires_grad_()
+    w = (1 + 0.1 * torch.randn(cols, device=device, generator=g)).requires_grad_()
+    grads = (torch.randn(rows, cols, device=device, generator=g),
+             torch.randn(rows, cols, device=device, generator=g).to(dtype))
+
+    def torch_add_norm(x, delta, w):  # y cast to the dtype the next (autocast) GEMM reads
+        h = x + delta
+        return h, F.rms_norm(h, (cols,), w, 1e-5).to(dtype)
+
+    def triton_add_norm(x, delta, w):
+        h = x + delta
+        return h, tk.rms_norm(h, w, 1e-5, dtype)
+
+    impls = {"triton add+norm (fused)": lambda x, d, w: tk.add_rms_norm(x, d, w, 1e-5, dtype),
+             "x + delta, triton norm": triton_add_norm}
+    if hasattr(F, "rms_norm"):
+        impls["x + delta, F.rms_norm"] = torch_add_norm
+    nbytes = add_rmsnorm_min_bytes(rows, cols, delta.element_size())
+    out = []
+    for name, op in impls.items():
+        row = {"shape": f"{rows}x{cols}", "dtype": DTYPE_NAMES[dtype], "impl": name,
+               **fwd_bwd_times(timer, op, [x, delta, w], grads), "min_bytes": nbytes}
+        row["gbs"] = nbytes / (row["fwd_bwd_ms"] / 1000) / 1e9
+        row["graph_gbs"] = (nbytes / (row["fwd_bwd_graph_ms"] / 1000) / 1e9
+                            if row["fwd_bwd_graph_ms"] else None)
+        row["copy_fraction"] = row["gbs"] / copy_gbs if copy_gbs else None
+        out.append(row)
+    return out
+
+
 # ---- attention -----------------------------------------------------------------------
 def attention_flops(batch, heads, seq, head_dim) -> dict:
     forward = 4 * batch * heads * seq * seq * head_dim // 2  # causal: half the score matrix
@@ -229,7 +275,31 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     ours["sdpa_time_over_ours"] = theirs["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
     if ours["fwd_bwd_graph_ms"] and theirs["fwd_bwd_graph_ms"]:  # GPU time alone, both sides
         ours["sdpa_graph_time_over_ours"] = theirs["fwd_bwd_graph_ms"] / ours["fwd_bwd_graph_ms"]
+    # RoPE inside the attention kernels against a RoPE kernel pass over q and k first
+    cos, sin = rope_tables(n, d, device)
+
+    def rope_first(q, k, v):
+        q, k = (tk.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
+        return tk.flash_attention(q, k, v)
+
+    for name, op in (("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin)),
+                     ("triton, RoPE kernel first", rope_first)):
+        times = fwd_bwd_times(timer, op, [q, k, v], do)
+        rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
+                     "impl": name, **times, "flops": flops,
+                     "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
+    inside, first = rows[2:]
+    inside["rope_first_time_over_inside"] = first["fwd_bwd_ms"] / inside["fwd_bwd_ms"]
+    if inside["fwd_bwd_graph_ms"] and first["fwd_bwd_graph_ms"]:
+        inside["rope_first_graph_time_over_inside"] = first["fwd_bwd_graph_ms"] / inside["fwd_bwd_graph_ms"]
     return rows
+
+
+def rope_tables(seq: int, head_dim: int, device, theta: float = 10000.0):
+    """Full-width (cos, cos) / (sin, sin) tables, as version 2 builds them."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
+    return torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
 
 
 # ---- report --------------------------------------------------------------------------
@@ -255,6 +325,12 @@ def report(result: dict) -> str:
     for r in result["rmsnorm"]:
         share = r["copy_fraction"] and 100 * r["copy_fraction"]
         lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
+    lines += ["", "Residual add + RMSNorm forward+backward (x, h fp32; delta, y in the dtype "
+              "shown);", "GB/s from the minimal bytes ((20 + 4*elem)*M*N + 8*M + 12*N), f+b time",
+              header + f"{'GB/s':>7s} {'% copy':>6s}"]
+    for r in result["add_rmsnorm"]:
+        share = r["copy_fraction"] and 100 * r["copy_fraction"]
+        lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
     lines += ["", "Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b time "
               "(kernel convention)", header + f"{'TFLOP/s':>7s} {'SDPA/ours':>9s}"]
     for r in result["attention"]:
@@ -264,11 +340,12 @@ def report(result: dict) -> str:
               "work the GPU waits for);", "  'host' = Python + launch time per call (GPU not "
               "waited for); host > graph (GPU-only time) means host-bound.",
               f"  {'shape':26s} {'impl':26s} {'extra ms':>8s} {'host ms':>8s} {'graph ms':>8s}"]
-    for r in result["rmsnorm"] + result["attention"]:
+    for r in result["rmsnorm"] + result["add_rmsnorm"] + result["attention"]:
         lines.append(f"  {r['shape'] + ' ' + r['dtype']:26s} {r['impl'][:26]:26s} "
                      f"{fmt(r['fwd_bwd_extra_ms'], '+.3f'):>8s} {fmt(r['fwd_bwd_host_ms']):>8s} "
                      f"{fmt(r['fwd_bwd_graph_ms']):>8s}")
-    errors = {r["fwd_bwd_graph_error"] for r in result["rmsnorm"] + result["attention"]
+    errors = {r["fwd_bwd_graph_error"]
+              for r in result["rmsnorm"] + result["add_rmsnorm"] + result["attention"]
               if r["fwd_bwd_graph_error"] and result["device"]["type"] != "cpu"}
     lines += [f"  graph replay failed: {e}" for e in sorted(errors)]
     lines += ["", "launch configurations used:"]
@@ -317,13 +394,16 @@ def run(args) -> dict:
               "device": devices.describe(device), "quick": args.quick, "copy_gbs": copy_gbs,
               "conventions": {
                   "rmsnorm_bytes": "5*M*N*elem (x read twice, y, dy, dx) + 8*M (1/rms) + 3*N*elem",
+                  "add_rmsnorm_bytes": "(5*4 + 4*elem)*M*N (fp32 x, h read twice, dh_in, dh; "
+                                       "delta, y, dy, ddelta in elem) + 8*M + 3*N*4",
                   "attention_flops": "4*B*H*N^2*D forward, halved (causal), backward 2.5x forward",
                   "timing": "triton.testing.do_bench median, L2 flushed; graph = CUDA/HIP graph "
                             "replay of f+b (no host launch overhead); host = wall-clock Python + "
                             "launch time per f+b call, GPU not waited for; extra = f+b - fwd - bwd"},
-              "rmsnorm": [], "attention": []}
+              "rmsnorm": [], "add_rmsnorm": [], "attention": []}
     for rows, cols in NORM_SHAPES[size] if args.kernels in ("all", "rmsnorm") else []:
         result["rmsnorm"] += bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
+        result["add_rmsnorm"] += bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
     for shape in ATTENTION_SHAPES[size] if args.kernels in ("all", "attention") else []:
         result["attention"] += bench_attention(tk, timer, shape, dtype, device)
     result["kernel_configs"] = tk.chosen_configs()
@@ -339,7 +419,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                         help="GPU precision (the CPU interpreter always uses fp32)")
     parser.add_argument("--kernels", choices=("all", "rmsnorm", "attention"), default="all",
-                        help="benchmark only these kernels")
+                        help="benchmark only these kernels (rmsnorm: with the fused residual add)")
     parser.add_argument("--output", help="write the results as JSON here")
     try:
         args = parser.parse_args(argv)

@@ -6,7 +6,8 @@
 
 For each target (MI50 gfx906, MI100 gfx908, MI200 gfx90a, MI300X gfx942, MI350
 gfx950; NVIDIA sm_80 and sm_90 as the cross-check), each kernel (RMSNorm forward
-and backward, RoPE, attention forward, backward dK/dV, backward dQ), dtype and
+and backward, plain and with the residual add as add_rmsnorm_*, RoPE, attention
+forward, backward dK/dV, backward dQ), dtype and
 head size, it compiles every launch configuration the chooser can pick on that
 target (`configs.candidates`: the rule's config, or the candidates that fit in
 shared memory) with `triton.compile(ASTSource(...), target=GPUTarget(...))`, and
@@ -25,7 +26,8 @@ reports what the compiler produced - not estimates:
                 SM (NVIDIA): the occupancy that hides memory latency
 
 The RMSNorm and RoPE rows use the medium preset's sizes (hidden 1024, 16 + 16 q/k
-heads); attention uses GROUP_SIZE 1. Compiled kernels are cached by Triton
+heads); attention uses GROUP_SIZE 1 and is compiled both ways, plain and with RoPE
+on load (ROTATE; the rows marked "+rope"). Compiled kernels are cached by Triton
 (~/.triton/cache), so a second run takes seconds.
 """
 from __future__ import annotations
@@ -49,7 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 AMD_TARGETS = ("gfx906", "gfx908", "gfx90a", "gfx942", "gfx950")
 NVIDIA_TARGETS = ("sm_80", "sm_90")
 TARGETS = AMD_TARGETS + NVIDIA_TARGETS
-KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
+KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "rope", "attn_fwd",
+           "attn_bwd_dkdv", "attn_bwd_dq")
+# add_rmsnorm_*: the RMSNorm kernels with the residual add switched on (constexprs), as
+# V3's --fused-residual-norm runs them; same kernels, same launch rule.
+NORM_SPEC = {"add_rmsnorm_fwd": "rmsnorm_fwd", "add_rmsnorm_bwd": "rmsnorm_bwd"}
 HIDDEN, ROPE_HEADS = 1024, 32  # the medium preset: RMSNorm rows, q + k heads per position
 MATRIX = re.compile(r"\b(v_mfma\w*|v_wmma\w*|wgmma\.\w+|mma\.sync\.\w+)")
 # AMD register file per SIMD lane and the most waves one SIMD holds: MI200/MI300/MI350
@@ -73,6 +79,7 @@ def gpu_target(name: str):
 
 def kernel_fn(kernel: str):
     """The @triton.jit function (the package exports functions named like the modules)."""
+    kernel = NORM_SPEC.get(kernel, kernel)
     module, name = {"rmsnorm_fwd": ("rmsnorm", "_rmsnorm_fwd_kernel"),
                     "rmsnorm_bwd": ("rmsnorm", "_rmsnorm_bwd_kernel"),
                     "rope": ("rope", "_rope_kernel"),
@@ -83,17 +90,24 @@ def kernel_fn(kernel: str):
 
 
 FP32_POINTERS = {"W", "RSTD", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN"}
+# With the residual add, the norm's input x, its sum h and their gradients are the fp32
+# residual stream; delta (a GEMM's output), y and their gradients are in `dtype`.
+RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "RSTD", "DW_PARTIAL"}
 
 
-def signature(fn, dtype: str, constexprs: dict) -> dict:
-    """Triton's signature for `fn`: pointers by name (statistics and tables fp32, data in
-    `dtype`), Python floats fp32, integers i32, the rest constexpr."""
+def fp32_pointers(kernel: str) -> set:
+    return RESIDUAL_FP32_POINTERS if kernel in NORM_SPEC else FP32_POINTERS
+
+
+def signature(fn, dtype: str, constexprs: dict, fp32: set = FP32_POINTERS) -> dict:
+    """Triton's signature for `fn`: pointers by name (statistics and tables - the names in
+    `fp32` - fp32, data in `dtype`), Python floats fp32, integers i32, the rest constexpr."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.isupper() and name != "N_CTX":  # tensors are the upper-case names
-            sig[name] = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
+            sig[name] = "*fp32" if name in fp32 else f"*{dtype}"
         elif name in ("eps", "qk_scale", "sm_scale"):
             sig[name] = "fp32"
         else:
@@ -108,13 +122,19 @@ def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
     for name in targets:
         target = target_of(name)
         for kernel in kernels:
-            spec = configs.SPECS[kernel]
-            widths = [HIDDEN] if kernel.startswith("rmsnorm") else head_dims
+            spec = configs.SPECS[NORM_SPEC.get(kernel, kernel)]
+            widths = [HIDDEN] if "rmsnorm" in kernel else head_dims
             for dtype in dtypes:
                 for width in widths:
-                    for config in configs.candidates(spec, target, width, 2 if dtype != "fp32" else 4):
-                        out.append(dict(target=name, kernel=kernel, dtype=dtype, width=width,
-                                        config=config))
+                    # attention: plain, and rotating q and k on load (its own candidates)
+                    for variant in (None, "rope") if kernel.startswith("attn") else (None,):
+                        for config in configs.candidates(spec, target, width,
+                                                         2 if dtype != "fp32" else 4, variant):
+                            job = dict(target=name, kernel=kernel, dtype=dtype, width=width,
+                                       config=config)
+                            if kernel.startswith("attn"):
+                                job["rope"] = variant == "rope"
+                            out.append(job)
     return out
 
 
@@ -122,13 +142,20 @@ def constexprs_for(job: dict) -> dict:
     from version3_triton.kernels import common
     kernel, width, config = job["kernel"], job["width"], job["config"]
     blocks = {k: v for k, v in config.items() if k.isupper()}
-    if kernel.startswith("rmsnorm"):
-        return dict(blocks, BLOCK_COLS=common.next_power_of_2(width))
+    if "rmsnorm" in kernel:  # a switched-off input or output is a None pointer
+        add = kernel in NORM_SPEC
+        blocks["BLOCK_COLS"] = common.next_power_of_2(width)
+        if kernel.endswith("fwd"):
+            return dict(blocks, ADD_DELTA=add, **({} if add else dict(DELTA=None, H=None)))
+        store = add and job["dtype"] != "fp32"  # delta's gradient in its own (bf16) dtype
+        return dict(blocks, ADD_GRAD=add, STORE_DDELTA=store,
+                    **({} if add else dict(DH=None)), **({} if store else dict(DDELTA=None)))
     if kernel == "rope":
         return dict(INVERSE=False, HALF=width // 2, BLOCK_H=common.next_power_of_2(ROPE_HEADS),
                     BLOCK_HALF=common.next_power_of_2(width // 2))
     return dict(blocks, GROUP_SIZE=1, HEAD_DIM=width, BLOCK_D=max(16, common.next_power_of_2(width)),
-                DOT_PRECISION="ieee")
+                DOT_PRECISION="ieee", ROTATE=job["rope"],
+                BLOCK_HALF=max(16, common.next_power_of_2(width // 2)))
 
 
 def amd_numbers(asm: str, arch: str) -> dict:
@@ -185,7 +212,8 @@ def compile_one(job: dict) -> dict:
         options.setdefault("waves_per_eu", 0)
     row = dict(job, limit=target_of(job["target"]).shared_bytes)
     try:
-        src = ASTSource(fn=fn, signature=signature(fn, job["dtype"], constexprs),
+        src = ASTSource(fn=fn, signature=signature(fn, job["dtype"], constexprs,
+                                                   fp32_pointers(job["kernel"])),
                         constexprs=constexprs)
         compiled = triton.compile(src, target=gpu_target(job["target"]), options=options)
         asm = compiled.asm.get("amdgcn") or compiled.asm.get("ptx") or ""
@@ -206,10 +234,11 @@ def describe(config: dict) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'target':7s} {'kernel':13s} {'dt':4s} {'D':>4s} {'config':34s} {'LDS/limit KiB':>13s} "
+    print(f"{'target':7s} {'kernel':18s} {'dt':4s} {'D':>4s} {'config':34s} {'LDS/limit KiB':>13s} "
           f"{'regs':>5s} {'spill':>5s} {'waves':>5s}  matrix")
     for r in rows:
-        head = f"{r['target']:7s} {r['kernel']:13s} {r['dtype']:4s} {r['width']:4d} {describe(r['config']):34s}"
+        kernel = r["kernel"] + ("+rope" if r.get("rope") else "")
+        head = f"{r['target']:7s} {kernel:18s} {r['dtype']:4s} {r['width']:4d} {describe(r['config']):34s}"
         if "error" in r:
             print(f"{head} error: {r['error']}")
             continue

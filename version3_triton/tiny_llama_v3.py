@@ -1,7 +1,7 @@
 """Version 3: V2's fused model with hand-written Triton kernels.
 
 Three operations of V2 are replaced by our own kernels (the kernels/ package),
-each with a forward AND a backward kernel:
+each with a forward AND a backward kernel, and the residual adds join the norms' kernels:
 
 1. RMSNorm: one read of x and one write of y per element, the row statistic
    kept for the backward. Under autocast the kernel writes bf16/fp16 directly -
@@ -14,16 +14,26 @@ each with a forward AND a backward kernel:
    recomputes the scores in the backward instead of storing them.
 3. RoPE: V2 rotates q and k with eight small PyTorch operations each; one
    kernel rotates both (their heads are neighbours in the QKV GEMM's output)
-   with one read and one write. Without --compile that is ~400 fewer kernel
-   launches per step of the medium preset.
+   with one read and one write. With --rope-in-attention (eager only) the
+   attention kernels instead rotate each q and k tile in registers as they
+   load it, forward and backward (whose dq and dk they rotate back before
+   storing), so RoPE moves no bytes of its own.
+4. Residual add + RMSNorm: every norm but the first follows an add to the
+   residual stream, h = x + branch output. The norm's kernels do that add too:
+   the forward reads x and the branch output once and writes h and the norm's
+   output, so the add's own pass (two reads, one write) and the norm's re-read
+   of h disappear; the backward adds the residual path's gradient inside the
+   norm's backward kernel instead of in a separate add.
 
 The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
-Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope, V2's fusion flags)
-measure each piece alone. Block sizes of the kernels can be forced for an
-exercise, e.g. V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the
-top of kernels/configs.py; the results JSON records any forced configuration.
+Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
+--no-fused-residual-norm, --rope-in-attention, V2's fusion flags) measure
+each piece alone. Block
+sizes of the kernels can be forced for an exercise, e.g.
+V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
+kernels/configs.py; the results JSON records any forced configuration.
 
 Without a GPU the kernels run in Triton's CPU interpreter (slow, tiny preset).
 
@@ -69,15 +79,22 @@ class TritonRMSNorm(v2.PlainRMSNorm):
         out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         return tk.rms_norm(x, self.weight, self.eps, out_dtype)
 
+    def add_and_norm(self, x, delta):
+        """(x + delta, norm(x + delta)) in one kernel each way; delta None: (x, norm(x))."""
+        device = x.device.type
+        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return tk.add_rms_norm(x, delta, self.weight, self.eps, out_dtype)
+
 
 class TritonAttention(v2.Attention):
     """V2's attention (one QKV GEMM) with Triton kernels for RoPE and/or its core."""
 
     def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, flash: bool = True,
-                 rope: bool = True):
+                 rope: bool = True, rope_in_attention: bool = False):
         super().__init__(cfg, fusions)
         self.flash = flash
         self.triton_rope = rope and fusions.fused_qkv  # it rotates q and k of the one GEMM
+        self.rope_in_attention = rope_in_attention and flash and self.triton_rope
 
     def forward(self, x, cos, sin):
         if not self.triton_rope:
@@ -85,15 +102,48 @@ class TritonAttention(v2.Attention):
         B, T, _ = x.shape
         H, H_kv = self.num_heads, self.num_kv_heads
         qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
-        qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
         # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies.
-        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-        v = qkv[:, :, H + H_kv:].transpose(1, 2)
-        out = self.attend(q, k, v)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
+        if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
+            out = tk.flash_attention(q, k, v, cos=cos, sin=sin)
+        else:
+            qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
+            out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q, k, v):
         return tk.flash_attention(q, k, v) if self.flash else super().attend(q, k, v)
+
+
+class ResidualNormBlock(v2.Block):
+    """V2's block (same modules) that takes the residual stream x and the previous
+    block's output `delta` not yet added to it, so each norm does the add in front
+    of it; returns (x, this block's output)."""
+
+    def forward(self, x, delta, cos, sin):
+        x, h = self.attn_norm.add_and_norm(x, delta)  # x += delta; h = norm(x)
+        x, h = self.mlp_norm.add_and_norm(x, self.attn(h, cos, sin))
+        return x, self.mlp(h)
+
+
+class ResidualNormLlama(v2.TinyLlama):
+    """V2's model (same modules, same parameter names) built of ResidualNormBlocks;
+    the final norm adds the last block's output."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for block in self.layers:  # same parameters, the forward above
+            block.__class__ = ResidualNormBlock
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x, delta = self.embed(ids), None
+        for block in self.layers:
+            x, delta = block(x, delta, cos, sin)
+        return self.lm_head(self.norm.add_and_norm(x, delta)[1])
 
 
 def use_triton_norms(model: nn.Module) -> None:
@@ -105,19 +155,23 @@ def use_triton_norms(model: nn.Module) -> None:
 
 
 def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
-                triton_rope: bool = True, kernel_configs: dict | None = None,
-                **fusion_flags) -> nn.Module:
-    """kernel_configs is only recorded (forced launch configurations); it changes nothing."""
+                triton_rope: bool = True, rope_in_attention: bool = False,
+                fused_residual_norm: bool = True,
+                kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
+    """kernel_configs is only recorded (forced launch configurations); it changes nothing.
+    fused_residual_norm needs the Triton norms (triton_rmsnorm): it is their kernel."""
     any_kernel = triton_rmsnorm or triton_attention or triton_rope
     if any_kernel:
         require_triton()
 
     def attention(cfg, fusions):
         if triton_attention or triton_rope:
-            return TritonAttention(cfg, fusions, flash=triton_attention, rope=triton_rope)
+            return TritonAttention(cfg, fusions, flash=triton_attention, rope=triton_rope,
+                                   rope_in_attention=rope_in_attention)
         return v2.Attention(cfg, fusions)
 
-    model = v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
+    llama = ResidualNormLlama if triton_rmsnorm and fused_residual_norm else v2.TinyLlama
+    model = llama(config, v2.Fusions(**fusion_flags), attention=attention)
     if triton_rmsnorm:
         use_triton_norms(model)
     if any_kernel:
@@ -143,10 +197,16 @@ def add_arguments(group) -> None:
     v2.add_fusion_arguments(group)
     for name, what in (("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels"),
                        ("triton_attention", "flash attention forward/backward as Triton kernels"),
-                       ("triton_rope", "RoPE of q and k as one Triton kernel each way")):
+                       ("triton_rope", "RoPE of q and k as one Triton kernel each way"),
+
+                       ("fused_residual_norm", "each residual add done by the next RMSNorm's "
+                                               "kernels (with --triton-rmsnorm)")):
         flag = name.replace("_", "-")
         group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
                            help=f"{what}; --no-{flag} falls back to V2's version")
+    group.add_argument("--rope-in-attention", default=False, action=argparse.BooleanOptionalAction,
+                       help="RoPE applied by the attention kernels as they load q and k, instead "
+                            "of the RoPE kernel's own pass (eager only: see the README)")
 
 
 def forced_configs(run) -> dict:
@@ -165,7 +225,9 @@ def forced_configs(run) -> dict:
 def model_options(args) -> dict:
     """V2's fusion switches and V3's kernel switches."""
     return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
-            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope}
+            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
+            "rope_in_attention": args.rope_in_attention,
+            "fused_residual_norm": args.fused_residual_norm}
 
 
 def preflight(args, run) -> dict:
@@ -173,6 +235,9 @@ def preflight(args, run) -> dict:
     forced = {}
     if args.triton_rmsnorm or args.triton_attention or args.triton_rope:
         require_triton()
+        if args.rope_in_attention and args.compile:
+            raise UsageError("--rope-in-attention runs eager only: under --compile Inductor "
+                             "cannot analyse the rotating attention kernels (drop one of the two)")
         on_cpu = run.device.type == "cpu"
         if on_cpu and not tk.INTERPRET:
             raise UsageError("the Triton kernels need a GPU; for --device cpu set "

@@ -1,6 +1,7 @@
 """Version 3's hand-written Triton kernels, forward AND backward, one file per family:
 
-    rmsnorm.py          RMSNorm: a memory-bound row reduction
+    rmsnorm.py          RMSNorm: a memory-bound row reduction, optionally with the
+                        residual add in front of it (add_rms_norm)
     rope.py             rotary embedding of q and k, one kernel each way
     flash_attention.py  causal flash attention: online softmax, recomputing backward
     configs.py          the launch configurations per target: the candidate lists,
@@ -18,5 +19,6 @@ from .common import (INTERPRET, backend, chosen_configs, current_target,  # noqa
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
                       check_config, forced_config)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
-from .rmsnorm import rms_norm, rmsnorm_backward, rmsnorm_forward  # noqa: F401
+from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401
+                      rms_norm, rmsnorm_backward, rmsnorm_forward)
 from .rope import rope, rope_forward  # noqa: F401

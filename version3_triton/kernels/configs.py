@@ -157,6 +157,34 @@ ATTENTION_CONFIGS = {
 }
 ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna3"]
 
+# RoPE on load (flash_attention.py, ROTATE) keeps a rotated tile's fp32 halves and
+# tables in registers too, so some candidates that fit without it spill with it.
+# Where they do, the rotating kernels get a list of their own, per family and head
+# size; everywhere else they share the lists above. Same rule: nothing here spills
+# (`python -m version3_triton.codegen` compiles both variants, the "+rope" rows).
+ATTENTION_ROPE_CONFIGS = {
+    "attn_fwd": {
+        "cdna3": {128: cfgs((64, 32, 4, 1, 2), (128, 32, 8, 1, 2), (64, 32, 8, 1, 2), **_MFMA16)},
+        "cdna2": {128: cfgs((128, 32, 8, 1, 2), (64, 32, 8, 1, 2), **_MFMA16)},
+    },
+    "attn_bwd_dkdv": {
+        "sm_80": {64: cfgs((32, 64, 8, 3), (16, 64, 8, 3)),
+                  128: cfgs((16, 32, 8, 3), (32, 32, 8, 3))},
+        "cdna3": {128: cfgs((16, 32, 8, 1, 2), (16, 16, 4, 1, 2), (16, 16, 8, 1, 2), **_MFMA16)},
+    },
+    "attn_bwd_dq": {
+        "sm_90": {128: cfgs((64, 32, 8, 3), (64, 64, 8, 3), (32, 32, 4, 3), (32, 16, 4, 3))},
+        "sm_80": {64: cfgs((64, 32, 4, 3), (64, 32, 4, 4)),
+                  128: cfgs((64, 32, 8, 3), (32, 32, 4, 3), (32, 16, 4, 3))},
+        "cdna3": {64: cfgs((64, 32, 4, 1, 2), (64, 16, 4, 1, 2), **_MFMA16),
+                  128: cfgs((32, 16, 8, 1, 2), (32, 32, 8, 1, 2), (16, 16, 4, 1, 2), **_MFMA16)},
+        "cdna2": {64: cfgs((64, 32, 8, 1, 2), (64, 16, 8, 1, 2), (32, 32, 4, 1, 2), **_MFMA16)
+                  + [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, waves_per_eu=4)],
+                  128: cfgs((32, 16, 8, 1, 2), (32, 32, 8, 1, 2), (16, 16, 4, 1, 2), **_MFMA16)},
+    },
+}
+ATTENTION_ROPE_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_ROPE_CONFIGS["attn_bwd_dkdv"]["cdna3"]
+
 
 def config_family(target: Target) -> str:
     """Which lists of ATTENTION_CONFIGS a target uses."""
@@ -169,10 +197,16 @@ def config_family(target: Target) -> str:
     return target.backend
 
 
-def attention_configs(kernel: str, target: Target, head_dim: Optional[int] = None) -> list[dict]:
+def attention_configs(kernel: str, target: Target, head_dim: Optional[int] = None,
+                      variant: Optional[str] = None) -> list[dict]:
     """Flash attention's candidates on `target` for `head_dim` (before the shared-memory
-    prune); head_dim None: every candidate of the target, all head sizes."""
-    table = ATTENTION_CONFIGS[kernel][config_family(target)]
+    prune); head_dim None: every candidate of the target, all head sizes. variant
+    "rope": the candidates of the kernels that rotate q and k on load."""
+    family = config_family(target)
+    table = ATTENTION_CONFIGS[kernel][family]
+    rope = ATTENTION_ROPE_CONFIGS[kernel].get(family, {}) if variant == "rope" else {}
+    if rope:  # its own lists for some head sizes, the shared ones for the others
+        table = {**table, **rope}
     if isinstance(table, list):
         return table
     if head_dim is None:  # every list's configs, once each
@@ -231,9 +265,9 @@ def usable_on(config: dict, target: Target) -> dict:
 class KernelSpec:
     """How to choose the launch configuration of one kernel."""
     name: str
-    configs: Callable[..., list]  # (target[, width]) -> the candidates; no width: all of them
+    configs: Callable[..., list]  # (target[, width[, variant]]) -> the candidates; no width: all
     shared_bytes: Callable[[dict, int, int], int]  # (config, width, elem bytes) -> estimate
-    size: Callable[[dict, dict], tuple]          # (kernel args, constexprs) -> (width, elem bytes)
+    size: Callable[[dict, dict], tuple]  # (args, constexprs) -> (width, elem bytes[, variant])
     check: Callable[[dict], None] = lambda config: None  # ValueError for an impossible config
     rule: Optional[Callable[[Target, int], dict]] = None  # the one config of a memory-bound kernel
 
@@ -241,12 +275,16 @@ class KernelSpec:
 SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, flash_attention.py
 
 
-def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int) -> list[dict]:
+def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int,
+               variant: Optional[str] = None) -> list[dict]:
     """What the chooser may pick on `target` without a forced config: the rule's one
-    config, or the candidates whose shared memory fits (the smallest if none does)."""
+    config, or the candidates whose shared memory fits (the smallest if none does).
+    variant: a compiled variant with lists of its own (attention: "rope"), else None."""
     if spec.rule is not None:
         return [usable_on(spec.rule(target, width), target)]
-    configs = [usable_on(c, target) for c in spec.configs(target, width)]
+    listed = (spec.configs(target, width) if variant is None
+              else spec.configs(target, width, variant))
+    configs = [usable_on(c, target) for c in listed]
     need = [spec.shared_bytes(c, width, elem_bytes) for c in configs]
     fitting = [c for c, n in zip(configs, need) if n <= target.shared_bytes]
     return fitting or [configs[need.index(min(need))]]
@@ -300,11 +338,11 @@ def triton_config(config: dict) -> triton.Config:
 def early_prune(spec: KernelSpec, target: Target):
     """The autotuner's early_config_prune: what may run for these arguments."""
     def prune(configs, named_args, **constexprs):
-        width, elem_bytes = spec.size(named_args, constexprs)
+        width, elem_bytes, *variant = spec.size(named_args, constexprs)
         forced = forced_config(spec.name)
         if forced is not None:
             return [triton_config(check_config(spec.name, forced, width, elem_bytes))]
-        fitting = candidates(spec, target, width, elem_bytes)
+        fitting = candidates(spec, target, width, elem_bytes, *variant)
         timed = AUTOTUNE and target.backend != "interpreter"  # nothing to time on a CPU
         return [triton_config(c) for c in (fitting if timed else fitting[:1])]
     return prune

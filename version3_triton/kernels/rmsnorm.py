@@ -1,5 +1,6 @@
 """RMSNorm, y = x / sqrt(mean(x^2) + eps) * w: the PyTorch reference, the forward
 kernel, the backward kernel, their launch configuration, the operator binding.
+The same two kernels also do the residual add in front of a norm (add_rms_norm).
 
 A memory-bound row reduction: per element one read, one write and a handful of
 FLOPs, so the kernel's only job is to touch HBM once. A program owns BLOCK_ROWS
@@ -8,6 +9,14 @@ whole rows, so the row sum is a register reduction - no second pass, no atomics.
 Why fp32 accumulation: bf16 keeps 8 bits of mantissa, so a sum of 1024 squares
 loses the small terms entirely. Rows are *loaded* in the input precision (that
 is where the memory traffic is) and every sum is done in fp32 registers.
+
+Fused residual add (as vLLM's fused_add_rms_norm, Liger's fused add + RMSNorm):
+a pre-norm transformer computes h = x + delta (the residual stream plus a
+branch's output) and then rms_norm(h). Apart, the add reads x and delta and
+writes h, and the norm reads h back. Fused, the kernel reads x and delta once
+and writes h (the next residual) and y (the normalised input of the next GEMM).
+The backward sums the two gradients that reach h - from the norm and from the
+residual path - inside the norm's backward kernel, instead of a separate add.
 """
 from __future__ import annotations
 
@@ -29,9 +38,21 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5)
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
 
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                           eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add (kept in x's dtype, the residual stream's), then the norm."""
+    h = (x + delta).to(x.dtype)
+    return h, rms_norm_reference(h, weight, eps)
+
+
 # ---- forward ------------------------------------------------------------------------
+# ADD_DELTA (a constexpr: the compiler builds one variant per value, and the
+# variant without it is the plain norm, instruction for instruction) first adds
+# the branch output DELTA to x and stores the sum h: the residual add rides on
+# the loads and stores the norm does anyway.
 @triton.jit
-def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
+def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, RSTD, n_rows, n_cols, stride_x, stride_delta,
+                        stride_y, eps, ADD_DELTA: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: stay in fp32
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -39,7 +60,15 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
     # Masks cover the ragged edges: hidden sizes that are not a power of two
     # and a last tile with fewer than BLOCK_ROWS rows.
     mask = (rows[:, None] < n_rows) & (cols < n_cols)
-    x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0)
+    if ADD_DELTA:
+        # PyTorch's `x + delta`: both promoted to fp32, the sum rounded to x's dtype
+        # (the residual stream's). The norm then reads that rounded h, exactly what
+        # the backward finds saved.
+        delta = tl.load(DELTA + rows[:, None] * stride_delta + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(H.dtype.element_ty)
+        tl.store(H + rows[:, None] * stride_y + cols, x, mask=mask)  # h and y: same layout
+    x = x.to(tl.float32)
     w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # fp32: see the docstring
     y = x * rstd[:, None] * w
@@ -58,9 +87,17 @@ def _rmsnorm_fwd_kernel(X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
 # is deterministic, unlike atomically adding into one shared dw. The partial
 # sum is kept as a whole tile and summed over its rows only once at the end:
 # element-wise adds in the loop, no cross-thread reduction per step.
+#
+# After a fused add, X is h and a second gradient reaches h along the residual
+# path (DH, from the next layer): ADD_GRAD adds it to dx in registers, so the
+# kernel returns the whole gradient of h - which is also the gradient of x and of
+# delta, since h = x + delta. When delta has another dtype than x (a bf16 branch
+# output, an fp32 residual stream), STORE_DDELTA writes that copy from the same
+# registers, a second store instead of a separate cast kernel.
 @triton.jit
-def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, rows_per_program,
-                        stride_dy, stride_x, stride_dx,
+def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_cols,
+                        rows_per_program, stride_dy, stride_x, stride_dh, stride_dx,
+                        ADD_GRAD: tl.constexpr, STORE_DDELTA: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)[None, :]
@@ -78,7 +115,13 @@ def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, rows_per
         g = dy * w
         mean_gx = tl.sum(g * x_hat, axis=1) / n_cols
         dx = (g - x_hat * mean_gx[:, None]) * rstd[:, None]
+        if ADD_GRAD:
+            dh = tl.load(DH + rows[:, None] * stride_dh + cols, mask=mask, other=0.0)
+            dx += dh.to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if STORE_DDELTA:
+            tl.store(DDELTA + rows[:, None] * stride_dx + cols, dx.to(DDELTA.dtype.element_ty),
+                     mask=mask)
         dw += dy * x_hat  # rows past the end loaded as zeros and add nothing
     tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw, axis=0)[None, :], mask=cols < n_cols)
 
@@ -152,22 +195,44 @@ def _outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
                                                                 x.device)
 
 
-def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
-    the dtype PyTorch's `x * weight` would have (same as version 1)."""
+def _launch_forward(x, delta, weight, eps, out_dtype):
+    """The forward kernel, plain (delta None) or with the residual add. Returns (h, y, rstd);
+    h is None for the plain norm."""
     common.check_device(x)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
     x2 = _as_rows(x, n_cols)
     y, rstd = _outputs(x, weight, out_dtype)
+    h = d2 = None
+    if delta is not None:
+        if delta.shape != x.shape:
+            raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} is not x's shape "
+                             f"{tuple(x.shape)}")
+        d2, h = _as_rows(delta, n_cols), common.empty(x.shape, x.dtype, x.device)
     n_rows = x2.shape[0]
     if n_rows:
         common.launch(FWD, _rmsnorm_fwd_kernel, ["BLOCK_COLS"],
                       lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
-                      x2, weight, y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
-                      BLOCK_COLS=block_cols)
+                      x2, d2, weight, h, y, rstd, n_rows, n_cols, x2.stride(0),
+                      0 if d2 is None else d2.stride(0), n_cols, eps,
+                      ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
+    return h, y, rstd
+
+
+def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
+    the dtype PyTorch's `x * weight` would have (same as version 1)."""
+    _, y, rstd = _launch_forward(x, None, weight, eps, out_dtype)
     return y, rstd
+
+
+def add_rmsnorm_forward(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                        out_dtype: Optional[torch.dtype] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel with the residual add. Returns (h, y, rstd): h = x + delta
+    in x's dtype, y = rms_norm(h) * weight as in rmsnorm_forward."""
+    return _launch_forward(x, delta, weight, eps, out_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,22 +246,50 @@ def _programs(x: torch.Tensor, n_rows: int) -> int:
     return max(1, min(n_rows, 4 * _compute_units(x.device) if x.is_cuda else 3))
 
 
-def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the backward kernel. Returns (grad_x, grad_weight)."""
+def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
+    """The backward kernel; grad_h (the residual path's gradient) is added when given, and
+    a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
     x2, dy2 = _as_rows(x, n_cols), _as_rows(grad_y, n_cols)
+    dh2 = None if grad_h is None else _as_rows(grad_h, n_cols)
     n_rows = x2.shape[0]
     dx = common.empty((n_rows, n_cols), x.dtype, x.device)
+    ddelta = None if delta_dtype is None else common.empty((n_rows, n_cols), delta_dtype, x.device)
     if n_rows == 0:
-        return dx.view(x.shape), torch.zeros_like(weight)
+        return dx.view(x.shape), ddelta, torch.zeros_like(weight)
     programs = _programs(x, n_rows)
     partial = common.empty((programs, n_cols), torch.float32, x.device)
     common.launch(BWD, _rmsnorm_bwd_kernel, ["BLOCK_COLS"], lambda c: (programs,),
-                  dy2, x2, weight, rstd, dx, partial, n_rows, n_cols, common.cdiv(n_rows, programs),
-                  dy2.stride(0), x2.stride(0), n_cols, BLOCK_COLS=block_cols)
-    return dx.view(x.shape), partial.sum(dim=0).to(weight.dtype)
+                  dy2, x2, weight, rstd, dh2, dx, ddelta, partial, n_rows, n_cols,
+                  common.cdiv(n_rows, programs), dy2.stride(0), x2.stride(0),
+                  0 if dh2 is None else dh2.stride(0), n_cols,
+                  ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
+                  BLOCK_COLS=block_cols)
+    ddelta = None if ddelta is None else ddelta.view(x.shape)
+    return dx.view(x.shape), ddelta, partial.sum(dim=0).to(weight.dtype)
+
+
+def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward kernel. Returns (grad_x, grad_weight)."""
+    dx, _, dw = _launch_backward(grad_y, None, x, weight, rstd, None)
+    return dx, dw
+
+
+def add_rmsnorm_backward(grad_y: torch.Tensor, grad_h: Optional[torch.Tensor], h: torch.Tensor,
+                         weight: torch.Tensor, rstd: torch.Tensor,
+                         delta_dtype: torch.dtype) -> list[torch.Tensor]:
+    """Launch the backward kernel after add_rmsnorm_forward. grad_h: the gradient that
+    reaches h along the residual path (None: h had no other use).
+
+    Returns [grad_h_total, grad_weight] - grad_h_total is the gradient of x and of
+    delta alike - plus, when delta_dtype is not h's dtype, grad_h_total in delta_dtype
+    (written by the same kernel). A list: an operator's outputs may not alias, so the
+    one tensor is not returned twice."""
+    copy_dtype = None if delta_dtype == h.dtype else delta_dtype
+    dh, ddelta, dw = _launch_backward(grad_y, grad_h, h, weight, rstd, copy_dtype)
+    return [dh, dw] if ddelta is None else [dh, dw, ddelta]
 
 
 # ---- the operators and autograd -----------------------------------------------------------
@@ -207,6 +300,22 @@ _backward_op = common.define_op(
     "rmsnorm_backward", rmsnorm_backward,
     lambda grad_y, x, weight, rstd: (common.empty(x.shape, x.dtype, x.device),
                                      common.empty(weight.shape, weight.dtype, weight.device)))
+
+
+def _add_forward_fake(x, delta, weight, eps, out_dtype=None):
+    return (common.empty(x.shape, x.dtype, x.device), *_outputs(x, weight, out_dtype))
+
+
+def _add_backward_fake(grad_y, grad_h, h, weight, rstd, delta_dtype):
+    grads = [common.empty(h.shape, h.dtype, h.device),
+             common.empty(weight.shape, weight.dtype, weight.device)]
+    return grads if delta_dtype == h.dtype else grads + [common.empty(h.shape, delta_dtype,
+                                                                       h.device)]
+
+
+_add_forward_op = common.define_op("add_rmsnorm_forward", add_rmsnorm_forward, _add_forward_fake)
+_add_backward_op = common.define_op("add_rmsnorm_backward", add_rmsnorm_backward,
+                                    _add_backward_fake)
 
 
 class TritonRMSNorm(torch.autograd.Function):
@@ -226,7 +335,45 @@ class TritonRMSNorm(torch.autograd.Function):
         return dx, dw, None, None
 
 
+class TritonAddRMSNorm(torch.autograd.Function):
+    """(h, y) = (x + delta, rms_norm(x + delta) * weight), one kernel each way."""
+
+    @staticmethod
+    def forward(ctx, x, delta, weight, eps, out_dtype=None):
+        forward = _add_forward_op if common.through_operators() else add_rmsnorm_forward
+        h, y, rstd = forward(x, delta, weight, eps, out_dtype)
+        # h, not x and delta: the backward needs only the norm's input.
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.delta_dtype = delta.dtype
+        # A gradient nobody sends (h unused, as after the last layer) stays None,
+        # not a tensor of zeros the kernel would read.
+        ctx.set_materialize_grads(False)
+        return h, y
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_y):
+        h, weight, rstd = ctx.saved_tensors
+        if grad_y is None:  # y unused: the norm's gradient is zero
+            grad_y = torch.zeros_like(h)
+        backward = _add_backward_op if common.through_operators() else add_rmsnorm_backward
+        dh, dw, *ddelta = backward(grad_y, grad_h, h, weight, rstd, ctx.delta_dtype)
+        # h = x + delta: one gradient for both, in each one's dtype.
+        return dh, ddelta[0] if ddelta else dh, dw, None, None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """RMSNorm over the last dimension (Triton forward + backward)."""
     return TritonRMSNorm.apply(x, weight, eps, out_dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor,
+                 eps: float = 1e-5, out_dtype: Optional[torch.dtype] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, y): h = x + delta in x's dtype (the residual stream's; delta may be the
+    bf16/fp16 output of an autocast GEMM), y = rms_norm(h) * weight in out_dtype.
+    One forward kernel, one backward kernel. delta None: (x, rms_norm(x)), for the
+    first norm of a model, which has nothing to add yet."""
+    if delta is None:
+        return x, rms_norm(x, weight, eps, out_dtype)
+    return TritonAddRMSNorm.apply(x, delta, weight, eps, out_dtype)

@@ -1,0 +1,189 @@
+"""Residual add + RMSNorm in one kernel each way (kernels.add_rms_norm), and V3's
+`--fused-residual-norm` model built on it: the same maths as a separate add and norm.
+
+The kernel pair against float64 PyTorch: h = x + delta, y = rms_norm(h) * w, and the
+gradients of x, delta and w, with and without a gradient arriving at h along the
+residual path; delta in another dtype than x (the bf16/fp16 branch output of an
+autocast GEMM added to the fp32 residual stream). Outputs start as NaN
+(test_triton_kernels' fixture), so an element a kernel forgets to write shows.
+The model with the switch on gives V1's logits and V1's gradient for every
+parameter, as the switch-off model does; through the command line the switch is
+accepted and recorded.
+"""
+import json
+
+import pytest
+import torch
+
+from conftest import HAS_GPU, load_version, run_cli
+from test_triton_kernels import assert_matches, poisoned_outputs_no_autotuning  # noqa: F401
+from test_v3_model import (SCRIPTS, config, errors, no_autotuning,  # noqa: F401
+                           results, scales, v1_and_v3)
+
+tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
+from version3_triton.kernels import rmsnorm  # noqa: E402
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+F32, F16 = torch.float32, torch.float16
+
+
+def inputs(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, delta, grad_h, grad_y = (torch.randn(*shape, generator=g).to(DEVICE) for _ in range(4))
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(DEVICE)
+    return x, delta, w, grad_h, grad_y
+
+
+def outputs_and_grads(fn, x, delta, w, grad_h, grad_y):
+    """[h, y, dx, ddelta, dw] after backward from y, and from h too when grad_h is given."""
+    leaves = [t.detach().requires_grad_() for t in (x, delta, w)]
+    h, y = fn(*leaves)
+    if grad_h is None:  # h unused: only the norm's gradient
+        y.backward(grad_y.to(y.dtype))
+    else:
+        torch.autograd.backward([h, y], [grad_h.to(h.dtype), grad_y.to(y.dtype)])
+    return [h.detach(), y.detach(), *(t.grad for t in leaves)]
+
+
+@pytest.mark.parametrize("x_dtype, delta_dtype, out_dtype", [
+    (F32, F32, None), (F32, F16, F16), (F16, F16, None)],
+    ids=["fp32", "fp32-stream-fp16-branch", "fp16"])
+@pytest.mark.parametrize("shape", [(3, 17, 48), (2, 5, 1000)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("residual_grad", [True, False], ids=["grad_h", "no-grad_h"])
+def test_add_rms_norm_matches_fp64(shape, x_dtype, delta_dtype, out_dtype, residual_grad):
+    x, delta, w, grad_h, grad_y = inputs(shape)
+    x, delta = x.to(x_dtype), delta.to(delta_dtype)
+    grad_h = grad_h if residual_grad else None
+
+    def kernel(x_, delta_, w_):
+        return tk.add_rms_norm(x_, delta_, w_, 1e-5, out_dtype)
+
+    def reference(x_, delta_, w_):  # float64 throughout
+        return rmsnorm.add_rms_norm_reference(x_.double(), delta_.double(), w_.double())
+
+    got = outputs_and_grads(kernel, x, delta, w, grad_h, grad_y)
+    want = outputs_and_grads(reference, x, delta, w, grad_h, grad_y)
+    # h keeps x's dtype (the residual stream), y the requested one; each gradient
+    # has its input's dtype - delta's written by the backward kernel's second store.
+    assert [t.dtype for t in got] == [x_dtype, out_dtype or torch.promote_types(x_dtype, F32),
+                                      x_dtype, delta_dtype, F32]
+    tol = 2e-5 if x_dtype == delta_dtype == F32 else 5e-3
+    assert_matches(got, want, tol, ["h", "y", "dx", "ddelta", "dweight"])
+
+
+def test_nothing_to_add_is_the_plain_norm():
+    x, _, w, _, _ = inputs((4, 24))
+    h, y = tk.add_rms_norm(x, None, w)
+    assert h is x and torch.equal(y, tk.rms_norm(x, w))
+
+
+def test_backward_keeps_only_h_weight_and_the_row_statistic():
+    """Saved for backward: h (an output, kept anyway), the weight and 4 bytes per row
+    - not x, not delta."""
+    x, delta, w, _, _ = inputs((3, 5, 32))
+    x, delta, w = (t.requires_grad_() for t in (x, delta, w))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        h, _ = tk.add_rms_norm(x, delta, w)
+    assert len(saved) == 3 and saved[0] is h and saved[1] is w
+    assert saved[2].shape == (3, 5) and saved[2].dtype == F32
+
+
+def test_delta_of_another_shape_is_refused():
+    x, delta, w, _, _ = inputs((3, 16))
+    with pytest.raises(ValueError, match="not x's shape"):
+        tk.add_rms_norm(x, delta[:2], w)
+
+
+def test_torch_compile_traces_through_the_operators():
+    """aot_eager: the two operators under dynamo and AOT autograd, as in --compile."""
+    x, delta, w, grad_h, grad_y = inputs((2, 7, 40))
+    delta = delta.to(F16)
+
+    def fn(x_, delta_, w_):
+        return tk.add_rms_norm(x_, delta_, w_, 1e-5, F16)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got = outputs_and_grads(compiled, x, delta, w, grad_h, grad_y)
+    want = outputs_and_grads(fn, x, delta, w, grad_h, grad_y)
+    assert_matches(got, want, 1e-6, ["h", "y", "dx", "ddelta", "dweight"])
+
+
+# ---- the model -----------------------------------------------------------------------
+@pytest.fixture
+def v3():
+    return load_version("v3")
+
+
+def test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model(v3):
+    """Same V1 weights: the fused model, the unfused one and V1 give the same logits
+    and the same gradient for every parameter (in V1's layout)."""
+    cfg = config(tied=True)
+    reference, fused = v1_and_v3(cfg)
+    _, unfused = v1_and_v3(cfg, fused_residual_norm=False)
+    assert isinstance(fused, v3.ResidualNormLlama) and not isinstance(unfused, v3.ResidualNormLlama)
+    assert fused.state_dict().keys() == unfused.state_dict().keys()
+    want, got = results(reference, fused, 2, 21)
+    _, got_unfused = results(reference, unfused, 2, 21)
+    scale = scales(want)
+    for other in (want, got_unfused):
+        for name, err in errors(got, other).items():
+            assert err <= 1e-5 * scale[name], f"{name}: error {err:.3g}, scale {scale[name]:.3g}"
+
+
+def test_model_in_low_precision_autocast_matches_the_unfused_model(v3):
+    """Under autocast each branch output (an autocast GEMM's) is bf16/fp16 while the
+    residual stream stays fp32: the fused model is as close to V1 in fp32 as the
+    unfused one (within 2x). The CPU runs fp16: Triton's interpreter rounds fp32 to
+    bf16 its own way, not to nearest-even as PyTorch and the GPU compilers do."""
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    cfg = config()
+    reference, fused = v1_and_v3(cfg)
+    _, unfused = v1_and_v3(cfg, fused_residual_norm=False)
+    exact, ours = results(reference, fused, 2, 13, dtype)
+    _, theirs = results(reference, unfused, 2, 13, dtype)
+    scale = scales(exact)
+    ours, theirs = errors(ours, exact), errors(theirs, exact)
+    for name in exact:
+        assert ours[name] <= 2 * theirs[name] + 1e-3 * scale[name], \
+            f"{name}: fused {ours[name]:.3g}, unfused {theirs[name]:.3g}, scale {scale[name]:.3g}"
+
+
+def test_switch_is_accepted_and_recorded(tmp_path, v3):
+    """--no-fused-residual-norm (and the default, on) through the command line: the
+    results JSON records the switch, the gradient guard passes, the losses agree."""
+    runs = {}
+    for flag in ("--fused-residual-norm", "--no-fused-residual-norm"):
+        out = tmp_path / f"{flag}.json"
+        proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--device", DEVICE,
+                        "--precision", "fp32", "--data", "text", "--batch-size", "2",
+                        "--num-steps", "3", "--warmup-steps", "1", "--quiet", "--output", out,
+                        flag],
+                       env={"V3_AUTOTUNE": "0"})
+        assert proc.returncode == 0, proc.stderr
+        runs[flag] = json.loads(out.read_text())
+    on, off = runs["--fused-residual-norm"], runs["--no-fused-residual-norm"]
+    assert on["options"]["fused_residual_norm"] is True
+    assert off["options"]["fused_residual_norm"] is False
+    assert on["gradient_guard"]["passed"] and off["gradient_guard"]["passed"]
+    diff = (torch.tensor(on["losses"]) - torch.tensor(off["losses"])).abs().max().item()
+    assert diff < 1e-4, f"the switch changes the loss curve by {diff:.2e}"
+
+
+def test_blocks_stay_modules_for_checkpointing_and_hooks(v3):
+    """The fused model still calls each block as a module: --grad-checkpoint's wrapper
+    (harness.trainer) recomputes it in backward and profiler hooks see it."""
+    from harness.trainer import enable_grad_checkpointing
+
+    cfg = config()
+    reference, fused = v1_and_v3(cfg)
+    want, _ = results(reference, fused, 2, 13)
+    calls = []
+    fused.layers[0].register_forward_hook(lambda *_: calls.append("block 0"))
+    enable_grad_checkpointing(fused)
+    _, got = results(reference, fused, 2, 13)
+    assert calls, "block 0 was never called as a module"
+    scale = scales(want)
+    for name, err in errors(got, want).items():
+        assert err <= 1e-5 * scale[name], f"{name}: error {err:.3g} with checkpointing"
