@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 45 minutes on one H100/H200
+#   bash benchmarks/reproduce.sh                  # every step, about 40 minutes on one H100/H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -42,8 +42,8 @@ ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers
 describe_step() {
     case $1 in
         env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~10 min   compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
-        compare-small)  echo "~5 min    compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
+        compare-medium) echo "~7 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
+        compare-small)  echo "~4 min    compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
         kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
         analysis)       echo "~3 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~3 min    debug/: the five performance-debugging stages, broken and fixed" ;;

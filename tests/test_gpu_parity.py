@@ -141,12 +141,13 @@ def test_gpu_bf16_logits_and_gradients_match_v1(reference, version, mode, option
 
 # ---- measurements on the GPU --------------------------------------------------------------
 def test_gpu_compare_versions_reports_each_runs_own_peak(tmp_path, capsys):
-    """The same pair measured twice in one comparison: the same peak within 2%."""
+    """The same pair measured twice in one comparison: the same peak within 2% (a run in
+    the comparison's own process would also count the first run's leftovers)."""
     import importlib
 
     out = tmp_path / "compare.json"
     code = importlib.import_module("benchmarks.compare_versions").main(
-        ["--preset", "small", "--versions", "v1,v4", "--modes", "eager", "--repeats", "2",
+        ["--preset", "small", "--versions", "v1", "--modes", "eager", "--repeats", "2",
          "--num-steps", "8", "--warmup-steps", "3", "--output", str(out)])
     assert code == 0, capsys.readouterr().err[-2000:]
     runs = json.loads(out.read_text())["runs"]

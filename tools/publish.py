@@ -335,15 +335,21 @@ def kernels_table(s: dict) -> str:
     k = s.get("kernels")
     if not k:
         return PLACEHOLDER
+    copy = k.get("copy_gbs")
     rows = []
-    for kind in ("rmsnorm", "attention"):
+    for kind in ("rmsnorm", "add_rmsnorm", "attention"):
         for r in k.get(kind, []):
-            rate = (f"{num(r.get('gbs'), ',.0f')} GB/s" if kind == "rmsnorm"
+            bandwidth = kind != "attention"
+            rate = (f"{num(r.get('gbs'), ',.0f')} GB/s" if bandwidth
                     else f"{num(r.get('tflops'), ',.1f')} TFLOP/s")
-            rows.append([kind, r.get("shape", "?"), r.get("impl", "?"), num(r.get("fwd_ms"), ".3f"),
-                         num(r.get("bwd_ms"), ".3f"), num(r.get("fwd_bwd_graph_ms"), ".3f"), rate])
+            graph = r.get("graph_gbs") if bandwidth else None
+            of_copy = (f"{num(graph, ',.0f')} GB/s = {pct(graph / copy)} of copy"
+                       if graph and copy else "-")
+            rows.append([kind.replace("add_rmsnorm", "residual add + rmsnorm"), r.get("shape", "?"),
+                         r.get("impl", "?"), num(r.get("fwd_ms"), ".3f"), num(r.get("bwd_ms"), ".3f"),
+                         num(r.get("fwd_bwd_graph_ms"), ".3f"), rate, of_copy])
     return table(["kernel", "shape", "implementation", "fwd ms", "bwd ms", "fwd+bwd ms (graph replay)",
-                  "rate (do_bench)"], rows)
+                  "rate (do_bench)", "rate (graph replay)"], rows)
 
 
 def profile_block(s: dict, version: str) -> str:

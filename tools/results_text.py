@@ -47,10 +47,15 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "- **V2, eager**: fusing the QKV and gate/up projections into single GEMMs and the norms "
             "and SiLU*mul into single kernels removes launches and memory round trips of the "
             "activations; `torch.compile` then fuses the remaining elementwise work.",
-            "- **V3 against V4, eager**: V3's own RoPE kernel replaces hundreds of small PyTorch "
-            "launches a step, and its flash attention keeps the T x T scores out of memory, so eager "
-            "V3 beats eager V4. **Compiled**, they are level: Inductor fuses V4's RoPE and norms "
-            "itself and launches V3's kernels from its own code.",
+            "- **V3 against V4, eager**: both are paced by the host launching kernels (V3's RoPE "
+            "kernel replaces hundreds of small PyTorch launches a step), and an eager V3 run moves by "
+            "a fifth from one process to the next: compare eager rows only within one run. "
+            "**Compiled**, V3 leads: Inductor launches V3's kernels from its own code, and each "
+            "residual add rides in the next norm's Triton kernel, a fusion across operator "
+            "boundaries that Inductor does not make around a custom norm (see *Version 3's fusions* "
+            "below). With CUDA/HIP graphs and master weights V3 is the fastest version"
+            + (f": {ratio(best(s, 'medium', 'v3'), v4)} as fast as V4 at its best and "
+               f"{ratio(best(s, 'medium', 'v3'), peer)} as fast as the compiled peer." if s else "."),
             "- **V4 against the peer**: both run the same vendor flash-attention kernels through SDPA. "
             "V4's edge is the fused QKV and gate/up GEMMs, RoPE tables computed once per step instead of "
             "per layer, CUDA/HIP graphs (no host launches) and, with `--optimizer master`, bf16 weights "
@@ -78,9 +83,10 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "PyTorch profiler over three steps after warm-up:", "", block("v4-profile"), "",
             "GEMMs take most of the step; what remains is elementwise work Inductor generated "
             "(SiLU*mul and its backward, RoPE, residual adds), attention, the norms and the optimizer. "
-            "The elementwise kernels already run near copy bandwidth, so the next gains are in the "
-            "GEMMs (their shapes reach a fraction of the square-matrix ceiling) rather than in more "
-            "fusion.", "",
+            "The elementwise kernels already run near copy bandwidth, so making them faster gains "
+            "little: what pays is removing passes altogether, by fusing across operator boundaries "
+            "(V3's residual add + RMSNorm below), and the GEMMs (their shapes reach a fraction of the "
+            "square-matrix ceiling).", "",
             "For contrast, V1 medium eager (what exercise V1-1 reads):", "", block("v1-profile"), ""]
 
     out += ["## What did not help", "",
@@ -91,6 +97,18 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "The fused layout stays the default (V4 is V2's fusions plus SDPA); the flag is there to "
             "measure the counter-example. Interleaving the gate and up rows, so one kernel reads both "
             "halves side by side, only moves strided loads into the forward and is not shipped.", ""]
+
+    out += ["## Version 3's fusions", "",
+            "Each fusion of V3 against V3 without it, whole training step, medium preset: the "
+            "residual add + RMSNorm kernels in V3's best mode, RoPE inside the attention kernels in "
+            "eager mode (the only mode it runs in):", "", block("v3-fusions"), "",
+            "The residual add + RMSNorm pays in every mode: one pass over the fp32 residual stream "
+            "instead of two forward, one gradient kernel instead of two backward. RoPE inside "
+            "attention pays only where the host is the bottleneck (eager: two launches fewer per "
+            "layer each way): on the GPU, the kernel table below shows the rotating attention "
+            "slower than the RoPE kernel plus attention, since every reload of a q or k tile redoes "
+            "the rotation and the extra registers rule out the largest tiles. It stays an eager-only "
+            "option (`--rope-in-attention`), off by default.", ""]
 
     out += ["## Version 3's kernels against PyTorch", "",
             "`python version3_triton/bench_kernels.py`: forward and backward of each kernel, "
