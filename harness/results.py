@@ -43,19 +43,25 @@ class SchemaError(ValueError):
 
 
 def git_commit(repo_dir: Path | None = None) -> str | None:
-    """The checkout's commit. WORKSHOP_GIT_COMMIT, when set, names it instead: for a
-    tree synced to a remote GPU machine, whose .git (if any) may be stale."""
+    """The checkout's commit, with "-dirty" appended when tracked files differ from it:
+    a number measured on uncommitted code says so. WORKSHOP_GIT_COMMIT, when set, names
+    it instead: for a tree synced to a remote GPU machine, whose .git (if any) may be stale."""
     if os.environ.get("WORKSHOP_GIT_COMMIT"):
         return os.environ["WORKSHOP_GIT_COMMIT"]
     repo_dir = repo_dir or Path(__file__).resolve().parents[1]
+
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True, timeout=5)
+
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_dir,
-                             capture_output=True, text=True, timeout=5)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        changed = git("status", "--porcelain", "--untracked-files=no")
+        dirty = changed.returncode == 0 and changed.stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        pass
-    return None
+        return None
 
 
 def validate(result: dict) -> None:

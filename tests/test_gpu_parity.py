@@ -114,8 +114,11 @@ def beyond_v1_error(reference, out: dict) -> list[str]:
 
 @pytest.mark.parametrize("version, mode, options", VARIANTS,
                          ids=[f"{v}-{m}" + (f"-{o['sdpa_backend']}" if o else "") for v, m, o in VARIANTS])
-def test_gpu_bf16_logits_and_gradients_match_v1(reference, version, mode, options):
+def test_gpu_bf16_logits_and_gradients_match_v1(reference, version, mode, options, monkeypatch):
     module = load_version(version)
+    if version == "v3":  # the first fitting launch config: every config's own test is elsewhere
+        from version3_triton.kernels import configs
+        monkeypatch.setattr(configs, "AUTOTUNE", False)
     if version == "v4":
         backend = options["sdpa_backend"]
         candidates = FORCED if backend == "forced" else (backend,)

@@ -324,3 +324,25 @@ def test_reference_weights_are_v1s_initial_weights():
     expected = load_version("v1").build_model(cfg).state_dict()
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+def test_git_commit_says_when_tracked_files_changed(tmp_path, monkeypatch):
+    """A result measured on uncommitted code carries "-dirty" after the commit."""
+    import subprocess
+
+    monkeypatch.delenv("WORKSHOP_GIT_COMMIT", raising=False)
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    git("add", "model.py")
+    git("commit", "-qm", "one")
+    clean = results.git_commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    assert results.git_commit(tmp_path) == clean
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert results.git_commit(tmp_path) == clean + "-dirty"
