@@ -58,3 +58,29 @@ def test_mi50_table_shows_no_matrix_cores(tmp_path):
     table = codegen_table(tmp_path, "--targets", "gfx906", "--kernels", "attn_fwd",
                           "--dtypes", "fp16", "--head-dims", "64")
     assert table["rows"] and not table["summary"]["gfx906"]["attention_matrix"]
+
+
+SEQUENCE_OF_ONE = """
+import sys, triton
+from triton.compiler import ASTSource
+from version3_triton import codegen
+for kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
+    job = next(j for j in codegen.jobs(["gfx942"], [kernel], ["bf16"], [64]) if j["rope"])
+    fn = codegen.kernel_fn(kernel)
+    constexprs = dict(codegen.constexprs_for(job), N_CTX=1)
+    source = ASTSource(fn=fn, signature=codegen.signature(fn, "bf16", constexprs,
+                                                          codegen.fp32_pointers(kernel)),
+                       constexprs=constexprs)
+    options = {k: v for k, v in job["config"].items() if not k.isupper()}
+    triton.compile(source, target=codegen.gpu_target("gfx942"), options=options)
+    print(kernel, "compiles")
+"""
+
+
+def test_rotating_attention_compiles_when_the_sequence_length_is_one():
+    """Triton turns an integer argument equal to 1 into a compile-time constant (and so
+    does Inductor's analysis of a kernel): the one-trip loop that fences RoPE's rotation
+    must still compile then - a sequence of length 1 on a GPU."""
+    proc = run_cli(["-c", SEQUENCE_OF_ONE], env={"TRITON_INTERPRET": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("compiles") == 3, proc.stdout

@@ -236,8 +236,8 @@ def preflight(args, run) -> dict:
     if args.triton_rmsnorm or args.triton_attention or args.triton_rope:
         require_triton()
         if args.rope_in_attention and args.compile:
-            raise UsageError("--rope-in-attention runs eager only: under --compile Inductor "
-                             "cannot analyse the rotating attention kernels (drop one of the two)")
+            raise UsageError("--rope-in-attention runs eager only: its kernels do not yet run "
+                             "correctly under --compile (drop one of the two)")
         on_cpu = run.device.type == "cpu"
         if on_cpu and not tk.INTERPRET:
             raise UsageError("the Triton kernels need a GPU; for --device cpu set "

@@ -117,7 +117,9 @@ def _store_rows(base, stride, value, rows, n_rows, cols, HEAD_DIM: tl.constexpr,
 # on AMD and NVIDIA GPUs alike. The optimiser stops at the results of a loop, so
 # the rotation runs inside a loop that runs exactly once (n_rows > 0, which the
 # compiler cannot know): the tile is rotated once, in the layout it was loaded in,
-# and converted when it is finished - as a loaded tile is.
+# and converted when it is finished - as a loaded tile is. The trip count goes
+# through tl.cast, so it is a tensor even where n_rows is a compile-time constant
+# (Triton makes an integer argument equal to 1 one, e.g. a sequence of length 1).
 #
 # The backward's dQ and dK are then gradients with respect to the *rotated* q and
 # k. The gradient with respect to what the model passed in is the transposed
@@ -154,7 +156,7 @@ def _load_qk(base, stride, rows, n_rows, offs_d, COS, SIN, stride_table,
     rotated [y1 | y2] of (ROWS, 2 * BLOCK_HALF), each row by its position."""
     if ROTATE:
         tile = tl.zeros([ROWS, 2 * BLOCK_HALF], dtype=base.dtype.element_ty)
-        for _ in range(0, (n_rows > 0).to(tl.int32)):  # once: the layout fence above
+        for _ in range(0, tl.cast(n_rows > 0, tl.int32)):  # once: the layout fence above
             tile = _load_rotated(base, stride, rows, n_rows, COS, SIN, stride_table, ROWS,
                                  HEAD_DIM // 2, BLOCK_HALF, CHECK_ROWS)
     else:
