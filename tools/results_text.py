@@ -102,10 +102,12 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "Each fusion of V3 against V3 without it, whole training step, medium preset: the "
             "residual add + RMSNorm kernels in V3's best mode, RoPE inside the attention kernels in "
             "eager mode (the only mode it runs in):", "", block("v3-fusions"), "",
-            "The residual add + RMSNorm pays in every mode: one pass over the fp32 residual stream "
-            "instead of two forward, one gradient kernel instead of two backward. RoPE inside "
+            "The residual add + RMSNorm removes a pass over the fp32 residual stream forward and "
+            "a gradient kernel backward, and the step is shorter for it. RoPE inside "
             "attention pays only where the host is the bottleneck (eager: two launches fewer per "
-            "layer each way): on the GPU, the kernel table below shows the rotating attention "
+            "layer each way; eager rows are paced by the host and move from one process to the "
+            "next, so this pair shows the direction more than the size): on the GPU, the kernel "
+            "table below shows the rotating attention "
             "slower than the RoPE kernel plus attention, since every reload of a q or k tile redoes "
             "the rotation and the extra registers rule out the largest tiles. It stays an eager-only "
             "option (`--rope-in-attention`), off by default.", ""]
