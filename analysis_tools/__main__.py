@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from harness.cli import OneLineParser
-from harness.config import PRECISIONS, VERSIONS
+from harness.config import PRECISIONS, VERSIONS, parse_precisions
 from harness.errors import WorkshopError
 
 from .common import AnalysisError, out_dir_default, parse_kv_list, text_table
@@ -42,14 +42,6 @@ def _switches(text: str) -> list[bool]:
         return [table[v.strip().lower()] for v in text.split(",") if v.strip()]
     except KeyError:
         raise AnalysisError(f"expected on/off values, got {text!r}") from None
-
-
-def _precisions(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in PRECISIONS]
-    if bad or not values:
-        raise AnalysisError(f"precisions must be among {', '.join(PRECISIONS)} (got {text!r})")
-    return values
 
 
 def _kernel_tables(items) -> dict:
@@ -155,7 +147,7 @@ def cmd_sweep(args) -> int:
     preset = args.preset or device_preset()
     points = grid(preset, _ints(args.batch_sizes) if args.batch_sizes else None,
                   _ints(args.seq_lens) if args.seq_lens else None,
-                  _precisions(args.precisions) if args.precisions else None,
+                  parse_precisions(args.precisions) if args.precisions else None,
                   _switches(args.grad_checkpoint), _switches(args.compile))
     out_dir = Path(args.out_dir) / f"sweep_{Path(args.version).stem}_{preset}"
     print(f"sweep: {args.version}, preset {preset}, {len(points)} points -> {out_dir}")

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from harness import device as dev  # noqa: E402
 from harness import flops  # noqa: E402
-from harness.config import PRECISIONS  # noqa: E402
+from harness.config import PRECISIONS, parse_precisions  # noqa: E402
 from harness.errors import UsageError, WorkshopError  # noqa: E402
 from harness.measure import median_ms  # noqa: E402
 
@@ -213,14 +213,6 @@ def gemm_shapes(device, shapes: dict = GEMM_SHAPES, scales=(1.0, 0.02)) -> dict:
 
 
 # ---------------------------------------------------------------- command line
-def _precisions(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in PRECISIONS]
-    if bad or not values:
-        raise UsageError(f"precisions must be among {', '.join(PRECISIONS)} (got {text!r})")
-    return values
-
-
 def build_parser():
     from analysis_tools.common import out_dir_default
     from harness.cli import OneLineParser
@@ -256,7 +248,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         if args.gemm_shapes:
             return print_gemm_shapes()
-        precisions = _precisions(args.precisions) if args.precisions else None
+        precisions = parse_precisions(args.precisions) if args.precisions else None
         data = measure_ceilings(args.device, precisions, sweep=args.sweep)
         path = write_ceilings(data, args.output or Path(args.out_dir) / "ceilings.json")
         print(format_ceilings(data))

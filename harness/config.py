@@ -173,6 +173,15 @@ PRECISIONS: dict[str, Precision] = {
 }
 
 
+def parse_precisions(text: str) -> list[str]:
+    """A comma-separated list of PRECISIONS names (a command-line value), checked."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in PRECISIONS]
+    if bad or not values:
+        raise UsageError(f"precisions must be among {', '.join(PRECISIONS)} (got {text!r})")
+    return values
+
+
 # ---------------------------------------------------------------- one run
 @dataclass
 class RunSettings:

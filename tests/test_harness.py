@@ -346,3 +346,13 @@ def test_git_commit_says_when_tracked_files_changed(tmp_path, monkeypatch):
     assert results.git_commit(tmp_path) == clean
     (tmp_path / "model.py").write_text("x = 2\n")
     assert results.git_commit(tmp_path) == clean + "-dirty"
+
+
+def test_precision_lists_from_the_command_line():
+    from harness.config import parse_precisions
+    from harness.errors import UsageError
+
+    assert parse_precisions(" bf16,fp32 ,") == ["bf16", "fp32"]
+    for bad in ("bf8", "", ","):
+        with pytest.raises(UsageError, match="precisions must be among"):
+            parse_precisions(bad)

@@ -60,6 +60,7 @@ from harness.cli import OneLineParser  # noqa: E402
 from harness.measure import capture_graph  # noqa: E402
 from harness.results import git_commit  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
+from version1_baseline.tiny_llama_v1 import rope_tables as half_rope_tables  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -176,13 +177,19 @@ def bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
              "pytorch (V1 maths)": lambda x, w: torch.func.functional_call(v1, {"weight": w}, (x,))}
     if hasattr(F, "rms_norm"):
         impls["F.rms_norm"] = lambda x, w: F.rms_norm(x, (cols,), w, 1e-5)
-    nbytes = rmsnorm_min_bytes(rows, cols, x.element_size())
+    return bandwidth_rows(timer, impls, [x, w], dy, rmsnorm_min_bytes(rows, cols, x.element_size()),
+                          f"{rows}x{cols}", dtype, copy_gbs)
+
+
+def bandwidth_rows(timer, impls: dict, inputs, grads, nbytes: int, shape: str, dtype,
+                   copy_gbs) -> list[dict]:
+    """One row per implementation of a memory-bound op: its times, and the GB/s that moving
+    its minimal `nbytes` in that time means (do_bench, graph replay, share of copy)."""
     out = []
     for name, op in impls.items():
-        row = {"shape": f"{rows}x{cols}", "dtype": DTYPE_NAMES[dtype], "impl": name,
-               **fwd_bwd_times(timer, op, [x, w], dy), "min_bytes": nbytes}
-        best = row["fwd_bwd_ms"]
-        row["gbs"] = nbytes / (best / 1000) / 1e9
+        row = {"shape": shape, "dtype": DTYPE_NAMES[dtype], "impl": name,
+               **fwd_bwd_times(timer, op, inputs, grads), "min_bytes": nbytes}
+        row["gbs"] = nbytes / (row["fwd_bwd_ms"] / 1000) / 1e9
         row["graph_gbs"] = (nbytes / (row["fwd_bwd_graph_ms"] / 1000) / 1e9
                             if row["fwd_bwd_graph_ms"] else None)
         row["copy_fraction"] = row["gbs"] / copy_gbs if copy_gbs else None
@@ -216,17 +223,9 @@ def bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[di
              "x + delta, triton norm": triton_add_norm}
     if hasattr(F, "rms_norm"):
         impls["x + delta, F.rms_norm"] = torch_add_norm
-    nbytes = add_rmsnorm_min_bytes(rows, cols, delta.element_size())
-    out = []
-    for name, op in impls.items():
-        row = {"shape": f"{rows}x{cols}", "dtype": DTYPE_NAMES[dtype], "impl": name,
-               **fwd_bwd_times(timer, op, [x, delta, w], grads), "min_bytes": nbytes}
-        row["gbs"] = nbytes / (row["fwd_bwd_ms"] / 1000) / 1e9
-        row["graph_gbs"] = (nbytes / (row["fwd_bwd_graph_ms"] / 1000) / 1e9
-                            if row["fwd_bwd_graph_ms"] else None)
-        row["copy_fraction"] = row["gbs"] / copy_gbs if copy_gbs else None
-        out.append(row)
-    return out
+    return bandwidth_rows(timer, impls, [x, delta, w], grads,
+                          add_rmsnorm_min_bytes(rows, cols, delta.element_size()),
+                          f"{rows}x{cols}", dtype, copy_gbs)
 
 
 # ---- attention -----------------------------------------------------------------------
@@ -264,42 +263,40 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     do = torch.randn(b, h, n, d, device=device, dtype=dtype, generator=g)
     flops = attention_flops(b, h, n, d)
     label = f"b{b} h{h}" + (f" kv{kv}" if kv != h else "") + f" s{n} d{d}"
-    rows = []
-    for name, op in (("triton", tk.flash_attention),
-                     (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa)):
-        times = fwd_bwd_times(timer, op, [q, k, v], do)
-        rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
-                     "impl": name, **times, "flops": flops,
-                     "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
-    ours, theirs = rows
-    ours["sdpa_time_over_ours"] = theirs["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
-    if ours["fwd_bwd_graph_ms"] and theirs["fwd_bwd_graph_ms"]:  # GPU time alone, both sides
-        ours["sdpa_graph_time_over_ours"] = theirs["fwd_bwd_graph_ms"] / ours["fwd_bwd_graph_ms"]
-    # RoPE inside the attention kernels against a RoPE kernel pass over q and k first
     cos, sin = rope_tables(n, d, device)
 
-    def rope_first(q, k, v):
+    def rope_first(q, k, v):  # a RoPE kernel pass over q and k, then attention
         q, k = (tk.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
         return tk.flash_attention(q, k, v)
 
-    for name, op in (("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin)),
+    rows = []
+    for name, op in (("triton", tk.flash_attention),
+                     (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa),
+                     ("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin)),
                      ("triton, RoPE kernel first", rope_first)):
         times = fwd_bwd_times(timer, op, [q, k, v], do)
         rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
                      "impl": name, **times, "flops": flops,
                      "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
-    inside, first = rows[2:]
-    inside["rope_first_time_over_inside"] = first["fwd_bwd_ms"] / inside["fwd_bwd_ms"]
-    if inside["fwd_bwd_graph_ms"] and first["fwd_bwd_graph_ms"]:
-        inside["rope_first_graph_time_over_inside"] = first["fwd_bwd_graph_ms"] / inside["fwd_bwd_graph_ms"]
+    ours, theirs, inside, first = rows
+    add_time_ratios(ours, theirs, "sdpa", "ours")
+    add_time_ratios(inside, first, "rope_first", "inside")
     return rows
 
 
+def add_time_ratios(row: dict, other: dict, other_name: str, row_name: str) -> None:
+    """other's forward+backward time over row's (> 1: row is faster), timed with do_bench
+    and, where both replayed from a graph, on the GPU alone."""
+    row[f"{other_name}_time_over_{row_name}"] = other["fwd_bwd_ms"] / row["fwd_bwd_ms"]
+    if row["fwd_bwd_graph_ms"] and other["fwd_bwd_graph_ms"]:
+        row[f"{other_name}_graph_time_over_{row_name}"] = \
+            other["fwd_bwd_graph_ms"] / row["fwd_bwd_graph_ms"]
+
+
 def rope_tables(seq: int, head_dim: int, device, theta: float = 10000.0):
-    """Full-width (cos, cos) / (sin, sin) tables, as version 2 builds them."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
-    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
-    return torch.cat((angles.cos(), angles.cos()), -1), torch.cat((angles.sin(), angles.sin()), -1)
+    """Full-width (cos, cos) / (sin, sin) tables, as version 2 builds them from V1's."""
+    cos, sin = half_rope_tables(head_dim, seq, theta, device)
+    return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
 
 
 # ---- report --------------------------------------------------------------------------

@@ -74,16 +74,17 @@ class TritonRMSNorm(v2.PlainRMSNorm):
     """V1's RMSNorm (same `weight` parameter) computed by the Triton kernels."""
 
     def forward(self, x):
-        device = x.device.type
-        # Under autocast, write the dtype the next matmul casts to anyway.
-        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        return tk.rms_norm(x, self.weight, self.eps, out_dtype)
+        return tk.rms_norm(x, self.weight, self.eps, self.out_dtype(x))
 
     def add_and_norm(self, x, delta):
         """(x + delta, norm(x + delta)) in one kernel each way; delta None: (x, norm(x))."""
+        return tk.add_rms_norm(x, delta, self.weight, self.eps, self.out_dtype(x))
+
+    @staticmethod
+    def out_dtype(x):
+        """Under autocast, the dtype the next matmul casts to anyway (the kernel writes it)."""
         device = x.device.type
-        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        return tk.add_rms_norm(x, delta, self.weight, self.eps, out_dtype)
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
 class TritonAttention(v2.Attention):
