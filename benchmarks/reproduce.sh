@@ -23,6 +23,7 @@
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
+# WARMUP (10 warm-up steps before them),
 # REPEATS (1: rounds of each comparison), BASELINE (docs/published/<gpu>), MEDIUM_MODES /
 # SMALL_MODES (the compare_versions --modes; medium: eager,compile,reduce-overhead-master,
 # small: eager,reduce-overhead). max-autotune is left out by default (minutes of compilation,
@@ -81,7 +82,7 @@ if [ $QUICK = 1 ]; then
     GPU=${GPU:-cpu-quick}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
-    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=10; REPEATS=${REPEATS:-1}
+    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=${WARMUP:-10}; REPEATS=${REPEATS:-1}
     if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
         exit 2
