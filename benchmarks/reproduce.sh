@@ -38,6 +38,16 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 PY=$PYTHON
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Every row starts a fresh Python. Where the packages were installed without their compiled
+# bytecode and PYTHONDONTWRITEBYTECODE is set (common in containers), each start recompiles
+# torch's modules (~5 s): the rows share one bytecode cache under results/ instead (never
+# beside the sources). Triton keeps each autotuned choice on disk too, so the next row with
+# the same kernel and shape starts from it instead of timing every candidate again.
+if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
+    export PYTHONPYCACHEPREFIX=$REPO/results/.pycache
+    unset PYTHONDONTWRITEBYTECODE
+fi
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
 ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops publish regress)
 describe_step() {

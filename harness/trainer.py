@@ -179,7 +179,10 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
     output = Path(settings.output or REPO_ROOT / "results" /
                   f"{settings.version}_{settings.preset or 'custom'}.json")
 
-    model = base_model = build(settings, build_model, reference_weights).to(device)
+    # Built where it trains: a GPU draws the initial weights in milliseconds where the
+    # CPU takes seconds (the same seed gives the same weights on the same kind of device).
+    with torch.device(device):
+        model = base_model = build(settings, build_model, reference_weights).to(device)
     if settings.grad_checkpoint:
         enable_grad_checkpointing(model)
     masters = None

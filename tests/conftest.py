@@ -15,6 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# The command lines the tests run start a fresh Python each. Where the packages were
+# installed without their compiled bytecode and PYTHONDONTWRITEBYTECODE is set (common in
+# containers), each start recompiles torch's modules (~5 s on a GPU machine). They share
+# one bytecode cache under results/ instead (never beside the sources).
+if "PYTHONPYCACHEPREFIX" not in os.environ:
+    os.environ["PYTHONPYCACHEPREFIX"] = str(REPO / "results" / ".pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")

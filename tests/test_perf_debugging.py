@@ -108,8 +108,10 @@ def test_stage3_check_trips_on_a_busy_gpu(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_symptoms_trip():
-    """Coalescing, asynchrony and BLAS-vs-Triton show at the medium size (small is launch-bound)."""
-    proc = run_cli([STAGES / "run_all_stages.py", "--preset", "medium", "--stages", "2", "3", "5",
+    """Asynchrony and BLAS-vs-Triton show at the medium size (small is launch-bound). Stage 2's
+    slowdown of the whole step is a few percent there: the reproduce command's debug step
+    reports it; its cause (the strides the kernel saw) is tested on the CPU."""
+    proc = run_cli([STAGES / "run_all_stages.py", "--preset", "medium", "--stages", "3", "5",
                     "--num-steps", "20", "--json"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     outcomes = json.loads(proc.stdout[proc.stdout.index("\n[") + 1:])

@@ -117,7 +117,9 @@ def check_stage2(run: StageRunner) -> Outcome:
     if broken is None:
         return Outcome(2, False, f"the run failed: {msg}")
     seen = stage.input_strides()
-    return compare_speed(2, run, broken, fixed, 1.05,
+    # The kernel is one of many in the step: on an H200 at the medium size the whole step
+    # loses 5-10% (the kernel itself several times), so 3% is the bar, above process noise.
+    return compare_speed(2, run, broken, fixed, 1.03,
                          f"kernel read gate{seen['shape']} with strides {seen['gate']} "
                          f"(row-major would be ({seen['shape'][1]}, 1)); ")
 
