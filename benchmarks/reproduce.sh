@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 40 minutes on one H100/H200
+#   bash benchmarks/reproduce.sh                  # every step, about 30 minutes on an H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -56,14 +56,14 @@ describe_step() {
         compare-medium) echo "~7 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
         compare-small)  echo "~4 min    compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
         kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
-        analysis)       echo "~3 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
-        debug)          echo "~3 min    debug/: the five performance-debugging stages, broken and fixed" ;;
-        memory)         echo "~4 min    memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
-        levers)         echo "~3 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
+        analysis)       echo "~2 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
+        debug)          echo "~1.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
+        memory)         echo "~1.5 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
+        levers)         echo "~1 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
         fusion)         echo "~7 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
-        blocks)         echo "~2 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
-        sdpa)           echo "~3 min    sdpa/: V4 with each SDPA backend; V4 medium with CUDA/HIP graphs" ;;
-        flops)          echo "~2 min    flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
+        blocks)         echo "~1 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
+        sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
+        flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac
