@@ -11,9 +11,10 @@
 # results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
 # resumes where it stopped (--force runs every row again). A comparison is one row that keeps
 # every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
-# complete one is skipped. Each step's time (--list) comes from runs on an H200; a machine
-# that limits one command to 10 minutes runs the steps a few at a time, each command
-# continuing where the last stopped. The README table needs `env compare-medium publish`.
+# complete one is skipped. A row that would repeat a run of the medium comparison (the V3 eager
+# baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
+# time (--list) comes from runs on an H200; where one command may run only so long, run the
+# steps a few at a time, each command continuing where the last stopped. The README table needs `env compare-medium publish`.
 # The last two steps assemble the published set and check it:
 #   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
 #             and results/published/<gpu>.tgz, the same files in one archive
@@ -60,8 +61,8 @@ describe_step() {
         debug)          echo "~1.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~1.5 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
         levers)         echo "~1 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
-        fusion)         echo "~7 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
-        blocks)         echo "~1 min    blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
+        fusion)         echo "~5 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
+        blocks)         echo "~0.7 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
         flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
@@ -133,6 +134,20 @@ train() {
     fi
 }
 
+# from_compare DIR NAME VERSION MODE SCRIPT ARGS...: a row that would repeat a run of the
+# medium comparison (a step's baseline: same flags, same steps) is copied from that run;
+# without a finished comparison it is run like any other row.
+from_compare() {
+    local dir=$1 name=$2 version=$3 mode=$4; shift 4
+    local out="$W/$dir/$name.json" report="$W/compare_medium.json"
+    if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
+    if finished "$report" && $PY tools/publish.py compare-row "$report" "$version" "$mode" "$out" 2>/dev/null; then
+        say "   $dir/$name: the medium comparison's $version $mode run"
+    else
+        train "$dir" "$name" "$@"
+    fi
+}
+
 V1=version1_baseline/tiny_llama_v1.py
 V2=version2_fused/tiny_llama_v2.py
 V3=version3_triton/tiny_llama_v3.py
@@ -190,7 +205,8 @@ run_step() {
         $PY tools/publish.py debug-json "$W/debug/stages.log" "$W/debug/outcomes.json" || failed=1
         grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
     memory)
-        for b in 4 8 16 32; do train memory v1_b${b}_s512 $V1 --preset $MEDIUM --precision bf16 --batch-size $b; done
+        for b in 4 8 32; do train memory v1_b${b}_s512 $V1 --preset $MEDIUM --precision bf16 --batch-size $b; done
+        from_compare memory v1_b16_s512 v1 eager $V1 --preset $MEDIUM --precision bf16
         for s in 128 256; do train memory v1_b16_s$s $V1 --preset $MEDIUM --precision bf16 --seq-len $s; done
         for s in 256 512 1024; do   # the T x T scores: V1 against V4 as the sequence grows
             train memory attn_v1_s$s $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --seq-len $s --max-seq-len 1024
@@ -204,7 +220,8 @@ run_step() {
         fi ;;
     levers)
         if [ $QUICK = 1 ]; then train levers prec_fp32 $V1 --preset $MEDIUM --precision fp32; return; fi
-        for p in fp32 tf32 bf16; do train levers prec_$p $V1 --preset $MEDIUM --precision $p; done
+        for p in fp32 tf32; do train levers prec_$p $V1 --preset $MEDIUM --precision $p; done
+        from_compare levers prec_bf16 v1 eager $V1 --preset $MEDIUM --precision bf16
         train levers batch8_accum2 $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --grad-accum 2
         train levers ckpt_on $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint
         train levers ckpt_on_b32 $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint --batch-size 32
@@ -213,18 +230,18 @@ run_step() {
     fusion)
         local graphs=(--compile --compile-mode reduce-overhead --optimizer master)
         # V3's fusions across operator boundaries, each against V3 without it
-        train fusion v3_graphs_master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
+        from_compare fusion v3_graphs_master v3 reduce-overhead-master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
         train fusion v3_graphs_master_no_fused_residual_norm $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-residual-norm
-        train fusion v3_eager $V3 --preset $MEDIUM --precision bf16
+        from_compare fusion v3_eager v3 eager $V3 --preset $MEDIUM --precision bf16
         train fusion v3_eager_rope_in_attention $V3 --preset $MEDIUM --precision bf16 --rope-in-attention
-        train fusion v2_all_on $V2 --preset $MEDIUM --precision bf16
+        from_compare fusion v2_all_on v2 eager $V2 --preset $MEDIUM --precision bf16
         for f in fused-qkv fused-gate-up fused-rmsnorm fused-swiglu; do
             train fusion v2_no_${f//-/_} $V2 --preset $MEDIUM --precision bf16 --no-$f
         done
-        train fusion v4_graphs_master $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}"
+        from_compare fusion v4_graphs_master v4 reduce-overhead-master $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}"
         train fusion v4_graphs_master_no_fused_gate_up $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-gate-up ;;
     blocks)
-        train blocks autotuned $V3 --preset $MEDIUM --precision bf16
+        from_compare blocks autotuned v3 eager $V3 --preset $MEDIUM --precision bf16
         for cfg in "BLOCK_M=32,BLOCK_N=32,num_warps=4,num_stages=2" \
                    "BLOCK_M=64,BLOCK_N=64,num_warps=4,num_stages=3" \
                    "BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"; do
@@ -232,7 +249,8 @@ run_step() {
             V3_ATTN_FWD_CONFIG="$cfg" train blocks "$name" $V3 --preset $MEDIUM --precision bf16
         done ;;
     sdpa)
-        for b in auto flash efficient cudnn math; do
+        from_compare sdpa backend_auto v4 eager $V4 --preset $MEDIUM --precision bf16 --sdpa-backend auto
+        for b in flash efficient cudnn math; do
             OK_EXIT="2 3" train sdpa backend_$b $V4 --preset $MEDIUM --precision bf16 --sdpa-backend $b
         done ;;
     flops)

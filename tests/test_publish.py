@@ -54,12 +54,26 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     v1 = next(r for r in summary["compare"]["medium"]["rows"] if r["version"] == "v1")
     assert f"{v1['tokens_per_s']:,.0f}" in publish.render("readme-table", summary)
     assert "`" + summary["git_commit"] + "`" in (out / "RESULTS.md").read_text()
-    # A second run skips every row; regress against the set itself passes.
-    again = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "compare-medium", "regress"],
-                           cwd=REPO, env={**env, "BASELINE": str(out)}, capture_output=True, text=True,
-                           timeout=300)
+    # A second run skips every row; regress against the set itself passes. A row that would
+    # repeat a run of the comparison (the SDPA step's default backend) is copied from it.
+    again = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "compare-medium", "sdpa",
+                            "regress"], cwd=REPO, env={**env, "BASELINE": str(out)},
+                           capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "done before, skipped" in again.stdout and "no regression beyond tolerance" in again.stdout
+    assert "sdpa/backend_auto: the medium comparison's v4 eager run" in again.stdout
+    work = tmp_path / "reproduce" / "cpu-quick"
+    run = next(r for r in json.loads((work / "compare_medium.json").read_text())["runs"]
+               if (r["version"], r["mode"]) == ("v4", "eager"))
+    assert json.loads((work / "sdpa" / "backend_auto.json").read_text()) == run["result"]
+
+
+def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
+    report = tmp_path / "compare.json"
+    report.write_text(json.dumps({"runs": [{"version": "v1", "mode": "eager", "exit_code": 3,
+                                            "tokens_per_s": 0, "result": None}]}))
+    assert publish.main(["compare-row", str(report), "v1", "eager", str(tmp_path / "r.json")]) == 1
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.parametrize("name", sorted(publish.BLOCKS))

@@ -3,6 +3,7 @@
     python tools/publish.py                 # fill every published block from docs/published/
     python tools/publish.py --check         # exit 1 if a block or docs/RESULTS.md is out of date
     python tools/publish.py collect WORK OUT   # (benchmarks/reproduce.sh's publish step)
+    python tools/publish.py compare-row REPORT VERSION MODE OUT   # (reproduce: a comparison's run as a row)
 
 A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`, which
 `bash benchmarks/reproduce.sh` writes), holds:
@@ -569,8 +570,25 @@ def publish(check: bool, gpu: str = PRIMARY_GPU) -> int:
     return 0
 
 
+def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
+    """A comparison's own run of (version, mode) as one row's JSON: the rows that would
+    repeat a comparison's run (a step's baseline) are copied from it, not run again."""
+    data = _load(report) or {}
+    runs = [r for r in data.get("runs", []) if (r["version"], r["mode"]) == (version, mode)
+            and r.get("exit_code") == 0 and r.get("result")]
+    if not runs:
+        print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
+        return 1
+    median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(median["result"], indent=1) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare-row"] and len(argv) == 5:
+        return compare_row(Path(argv[1]), argv[2], argv[3], Path(argv[4]))
     if argv[:1] == ["collect"] and len(argv) == 3:
         collect(Path(argv[1]), Path(argv[2]))
         return 0
