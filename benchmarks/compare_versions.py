@@ -84,6 +84,12 @@ TARGETS = [
      lambda s: s.ratio(s.best("v3"), s.speed(PEER, "compile")), 1.35),
     ("small", "V3 with graphs >= 0.9x V4 with graphs",
      lambda s: s.ratio(s.speed("v3", "reduce-overhead"), s.speed("v4", "reduce-overhead")), 0.9),
+    ("large", "V3 best >= 1.1x V4 best", lambda s: s.ratio(s.best("v3"), s.best("v4")), 1.1),
+    ("large", "V3 best >= 60% MFU (datasheet)",
+     lambda s: s.median(s.best_key("v3"), "mfu_datasheet"), 0.6),
+    ("large", "V3 best's peak memory below V4 best's (V4 peak / V3 peak)",
+     lambda s: s.ratio(s.median(s.best_key("v4"), "peak_memory_mb"),
+                       s.median(s.best_key("v3"), "peak_memory_mb")), 1.0),
 ]
 
 

@@ -24,11 +24,11 @@
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
-# WARMUP (10 warm-up steps before them),
-# REPEATS (1: rounds of each comparison), BASELINE (docs/published/<gpu>), MEDIUM_MODES /
-# SMALL_MODES (the compare_versions --modes; medium: eager,compile,reduce-overhead-master,
-# small: eager,reduce-overhead). max-autotune is left out by default (minutes of compilation,
-# no faster step); to add it back:
+# WARMUP (10 warm-up steps before them), REPEATS (1: rounds of each comparison), BASELINE
+# (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES / LARGE_MODES (the compare_versions
+# --modes; medium: eager,compile,reduce-overhead-master, small: eager,reduce-overhead, large:
+# compile,reduce-overhead-master). max-autotune is left out by default (minutes of
+# compilation, no faster step); to add it back:
 #   MEDIUM_MODES=eager,compile,reduce-overhead-master,max-autotune \
 #       bash benchmarks/reproduce.sh --force compare-medium
 set -uo pipefail
@@ -50,7 +50,7 @@ if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
-ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops publish regress)
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large publish regress)
 describe_step() {
     case $1 in
         env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
@@ -64,6 +64,7 @@ describe_step() {
         fusion)         echo "~5 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.7 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
+        compare-large)  echo "~7 min    compare_large.json: V1, V3, V4 (compiled; graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
@@ -89,11 +90,11 @@ done
 
 if [ $QUICK = 1 ]; then
     # The pipeline on a CPU: tiny preset, 4 steps, two comparison rows and one lever row.
-    DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1
+    DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; LARGE=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1
     GPU=${GPU:-cpu-quick}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
-    DEVICE=cuda; MEDIUM=medium; SMALL=small; STEPS=${STEPS:-30}; WARMUP=${WARMUP:-10}; REPEATS=${REPEATS:-1}
+    DEVICE=cuda; MEDIUM=medium; SMALL=small; LARGE=large; STEPS=${STEPS:-30}; WARMUP=${WARMUP:-10}; REPEATS=${REPEATS:-1}
     if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
         exit 2
@@ -160,6 +161,10 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
     [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     [ "$preset" = small ] && modes=${SMALL_MODES:-eager,reduce-overhead}
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
+    if [ "$preset" = large ]; then  # the targets' versions; V1 runs eager, its one mode
+        versions=v1,v3,v4,hf; modes=${LARGE_MODES:-compile,reduce-overhead-master}; sweep=()
+        [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
+    fi
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
     local resume=(--resume); [ $FORCE = 1 ] && resume=()
     $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
@@ -178,6 +183,7 @@ run_step() {
         tail -n 3 "$W/environment.txt" ;;
     compare-medium) compare medium $MEDIUM ;;
     compare-small)  compare small $SMALL ;;
+    compare-large)  compare large $LARGE ;;
     kernels)
         have "$W/kernels.json" && { say "   done before, skipped"; return; }
         local quick=(); [ $QUICK = 1 ] && quick=(--quick)
@@ -232,6 +238,7 @@ run_step() {
         # V3's fusions across operator boundaries, each against V3 without it
         from_compare fusion v3_graphs_master v3 reduce-overhead-master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
         train fusion v3_graphs_master_no_fused_residual_norm $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-residual-norm
+        train fusion v3_graphs_master_no_fused_qkv_grad $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-qkv-grad
         from_compare fusion v3_eager v3 eager $V3 --preset $MEDIUM --precision bf16
         train fusion v3_eager_rope_in_attention $V3 --preset $MEDIUM --precision bf16 --rope-in-attention
         from_compare fusion v2_all_on v2 eager $V2 --preset $MEDIUM --precision bf16
@@ -268,7 +275,7 @@ run_step() {
             grep -E "^(ran|skipped|failed):" "$W/flops/$v.log" | sed "s/^/   flops\/$v /" | tee -a "$LOG"
         done ;;
     publish)
-        for preset in medium small; do
+        for preset in medium small large; do
             if [ -f "$W/compare_$preset.json" ] && ! finished "$W/compare_$preset.json"; then
                 say "   compare_$preset.json is incomplete: run compare-$preset again before publishing it"
                 failed=1
@@ -281,7 +288,7 @@ run_step() {
             return
         fi
         local pairs=()
-        for preset in medium small; do
+        for preset in medium small large; do
             [ -f "$BASELINE/compare_$preset.json" ] && [ -f "$PUB/compare_$preset.json" ] \
                 && pairs+=("$preset")
         done

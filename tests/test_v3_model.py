@@ -91,7 +91,7 @@ def test_fp32_logits_and_every_gradient_match_v1(batch, seq, heads, kv_heads, he
 
 @pytest.mark.parametrize("options", [{"triton_attention": False}, {"triton_rmsnorm": False},
                                      {"triton_rope": False}, {"rope_in_attention": True},
-                                     {"fused_residual_norm": False},
+                                     {"fused_residual_norm": False}, {"fused_qkv_grad": False},
                                      {"triton_attention": False, "triton_rmsnorm": False},
                                      {"fused_qkv": False, "fused_gate_up": False}],
                          ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
@@ -123,8 +123,10 @@ def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
     per_layer = 4 * batch * cfg.num_heads * seq * seq * cfg.head_dim  # SDPA's convention
     attention = {str(op): n for op, n in counted.get_flop_counts()["Global"].items()
                  if "attention" in str(op)}
+    # The backward is qkv_attention's: it writes the QKV gradient whole.
     assert attention == {"tinyllama_v3.attention_forward": cfg.num_layers * per_layer,
-                         "tinyllama_v3.attention_backward": int(2.5 * cfg.num_layers * per_layer)}
+                         "tinyllama_v3.qkv_attention_backward": int(2.5 * cfg.num_layers
+                                                                    * per_layer)}
     # The analytic model counts attention's backward as 2 forwards, SDPA's formula as
     # 2.5 (it recomputes P): the half forward is the only difference.
     recompute = cfg.num_layers * per_layer // 2

@@ -11,6 +11,7 @@ A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`
     summary.json          every number the docs quote (schema "published/1"; read by this script)
     compare_medium.json   benchmarks/compare_versions.py, medium preset (every run's full results)
     compare_small.json    the same, small preset
+    compare_large.json    V1, V3, V4 and the peer, large preset
     kernels.json          version3_triton/bench_kernels.py
     ceilings.json         python -m benchmarks.ceilings
     memory_check.json     python -m analysis_tools memory: the model against measured peaks
@@ -175,7 +176,7 @@ def collect(work: Path, out: Path) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     summary: dict = {"schema": SCHEMA, "gpu": work.name, "compare": {}, "rows": {}}
-    for preset in ("medium", "small"):
+    for preset in ("medium", "small", "large"):
         report = _load(work / f"compare_{preset}.json")
         if report:
             shutil.copy(work / f"compare_{preset}.json", out)
@@ -387,6 +388,7 @@ GATE_UP_ROWS = _rows("fusion", [("V4 graphs + master weights", "v4_graphs_master
                                 ("the same, `--no-fused-gate-up`", "v4_graphs_master_no_fused_gate_up")])
 V3_FUSION_ROWS = _rows("fusion", [("V3 graphs + master weights", "v3_graphs_master"),
                                    ("the same, `--no-fused-residual-norm`", "v3_graphs_master_no_fused_residual_norm"),
+                                   ("the same, `--no-fused-qkv-grad`", "v3_graphs_master_no_fused_qkv_grad"),
                                    ("V3 eager", "v3_eager"),
                                    ("the same, `--rope-in-attention`", "v3_eager_rope_in_attention")])
 BLOCK_ROWS = _rows("blocks", [("autotuned", "autotuned"), ("BLOCK_M=32, BLOCK_N=32, 4 warps, 2 stages", "fwd_M_32_N_32_warps_4_stages_2"),
@@ -483,6 +485,7 @@ BLOCKS = {
     "v1-summary": v1_summary,
     "compare-medium": lambda s: compare_table(s, "medium"),
     "compare-small": lambda s: compare_table(s, "small"),
+    "compare-large": lambda s: compare_table(s, "large"),
     "v1-profile": lambda s: profile_block(s, "v1"),
     "v4-profile": lambda s: profile_block(s, "v4"),
     "memory-vs-shape": lambda s: row_table(s, MEMORY_ROWS, cols=("tok/s", "step ms", "peak MB")),

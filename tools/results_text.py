@@ -78,6 +78,19 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "from the loop and helps most. The medium preset has enough work per kernel to hide the "
             "launches, so graphs gain little there.", ""]
 
+    large_v3, large_v4 = (best(s, "large", "v3"), best(s, "large", "v4")) if s else ({}, {})
+    out += ["## The large preset is bound by its matrix products", "",
+            (f"V3 at its best ({MODE_NAMES.get(large_v3.get('mode'), '-')}) runs {ratio(large_v3, large_v4)} "
+             f"as fast as V4 at its best, at {pct(large_v3.get('mfu_datasheet'))} of the datasheet "
+             f"peak." if s and large_v3 else ""), "",
+            block("compare-large"), "", _caption(s, "large"), "",
+            image("compare_large_throughput.png", "tokens/s per version, large preset"), "",
+            "About a billion parameters (hidden 2048, 16 layers, grouped kv heads, a 32k vocabulary) "
+            "and sequences of 2048: the GEMMs take most of the step, attention's share grows with the "
+            "sequence, and the logits (batch x seq x 32k) are the largest activation. Fusions of "
+            "memory-bound work buy less here than at the medium size; attention's kernels and the "
+            "output layer are where the time and the memory are.", ""]
+
     out += ["## Where the compiled step's time goes", "",
             "V4 medium, compiled (without graphs, so the profiler can attribute each kernel), "
             "PyTorch profiler over three steps after warm-up:", "", block("v4-profile"), "",
@@ -100,10 +113,14 @@ def page(s: dict | None, image_dir: str, render) -> str:
 
     out += ["## Version 3's fusions", "",
             "Each fusion of V3 against V3 without it, whole training step, medium preset: the "
-            "residual add + RMSNorm kernels in V3's best mode, RoPE inside the attention kernels in "
-            "eager mode (the only mode it runs in):", "", block("v3-fusions"), "",
+            "residual add + RMSNorm kernels and the QKV gradient written in one piece in V3's best "
+            "mode, RoPE inside the attention kernels in eager mode (the only mode it runs in):", "",
+            block("v3-fusions"), "",
             "The residual add + RMSNorm removes a pass over the fp32 residual stream forward and "
-            "a gradient kernel backward, and the step is shorter for it. RoPE inside "
+            "a gradient kernel backward, and the step is shorter for it. Writing the QKV gradient "
+            "in one piece removes autograd's gathering of q's, k's and v's gradients (a read and a "
+            "write of the layer's largest activation gradient; the kernel table's \"on QKV\" rows "
+            "time it alone). RoPE inside "
             "attention pays only where the host is the bottleneck (eager: two launches fewer per "
             "layer each way; eager rows are paced by the host and move from one process to the "
             "next, so this pair shows the direction more than the size): on the GPU, the kernel "

@@ -269,18 +269,32 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
         q, k = (tk.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
         return tk.flash_attention(q, k, v)
 
+    # As the model calls it: q, k, v are slices of the QKV GEMM's output, one leaf.
+    qkv = torch.randn(b, n, h + 2 * kv, d, device=device, dtype=dtype,
+                      generator=g).requires_grad_()
+
+    def qkv_gathered(qkv):  # RoPE kernel, attention; autograd gathers qkv's gradient
+        qk = tk.rope(qkv[:, :, :h + kv], cos, sin)
+        return tk.flash_attention(qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2),
+                                  qkv[:, :, h + kv:].transpose(1, 2))
+
     rows = []
-    for name, op in (("triton", tk.flash_attention),
-                     (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa),
-                     ("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin)),
-                     ("triton, RoPE kernel first", rope_first)):
-        times = fwd_bwd_times(timer, op, [q, k, v], do)
+    for name, op, inputs in (
+            ("triton", tk.flash_attention, [q, k, v]),
+            (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa, [q, k, v]),
+            ("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin),
+             [q, k, v]),
+            ("triton, RoPE kernel first", rope_first, [q, k, v]),
+            ("on QKV, grad gathered", qkv_gathered, [qkv]),
+            ("on QKV, grad whole", lambda qkv: tk.qkv_attention(qkv, cos, sin, h), [qkv])):
+        times = fwd_bwd_times(timer, op, inputs, do)
         rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
                      "impl": name, **times, "flops": flops,
                      "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
-    ours, theirs, inside, first = rows
+    ours, theirs, inside, first, gathered, whole = rows
     add_time_ratios(ours, theirs, "sdpa", "ours")
     add_time_ratios(inside, first, "rope_first", "inside")
+    add_time_ratios(whole, gathered, "gathered", "whole")
     return rows
 
 

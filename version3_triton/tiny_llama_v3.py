@@ -1,7 +1,8 @@
 """Version 3: V2's fused model with hand-written Triton kernels.
 
 Three operations of V2 are replaced by our own kernels (the kernels/ package),
-each with a forward AND a backward kernel, and the residual adds join the norms' kernels:
+each with a forward AND a backward kernel (1-3), and two fusions cross the
+boundaries between operations that neither PyTorch nor torch.compile crosses (4-5):
 
 1. RMSNorm: one read of x and one write of y per element, the row statistic
    kept for the backward. Under autocast the kernel writes bf16/fp16 directly -
@@ -18,7 +19,13 @@ each with a forward AND a backward kernel, and the residual adds join the norms'
    attention kernels instead rotate each q and k tile in registers as they
    load it, forward and backward (whose dq and dk they rotate back before
    storing), so RoPE moves no bytes of its own.
-4. Residual add + RMSNorm: every norm but the first follows an add to the
+4. The QKV gradient in one piece: q, k and v are slices of the QKV GEMM's
+   output, and handed to autograd separately (RoPE, attention, slices) their
+   gradients come back as separate tensors that autograd then gathers into the
+   QKV gradient (zero-filled buffers, copies, adds). RoPE and attention as one
+   autograd step (kernels/qkv_attention.py) let the kernels store dv and the
+   rotated-back dq, dk straight into their slots of one QKV-shaped gradient.
+5. Residual add + RMSNorm: every norm but the first follows an add to the
    residual stream, h = x + branch output. The norm's kernels do that add too:
    the forward reads x and the branch output once and writes h and the norm's
    output, so the add's own pass (two reads, one write) and the norm's re-read
@@ -29,7 +36,8 @@ The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
---no-fused-residual-norm, --rope-in-attention, V2's fusion flags) measure
+--no-fused-residual-norm, --no-fused-qkv-grad, --rope-in-attention, V2's
+fusion flags) measure
 each piece alone. Block
 sizes of the kernels can be forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
@@ -91,11 +99,12 @@ class TritonAttention(v2.Attention):
     """V2's attention (one QKV GEMM) with Triton kernels for RoPE and/or its core."""
 
     def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, flash: bool = True,
-                 rope: bool = True, rope_in_attention: bool = False):
+                 rope: bool = True, rope_in_attention: bool = False, fused_qkv_grad: bool = True):
         super().__init__(cfg, fusions)
         self.flash = flash
         self.triton_rope = rope and fusions.fused_qkv  # it rotates q and k of the one GEMM
         self.rope_in_attention = rope_in_attention and flash and self.triton_rope
+        self.fused_qkv_grad = fused_qkv_grad and flash and self.triton_rope
 
     def forward(self, x, cos, sin):
         if not self.triton_rope:
@@ -107,6 +116,8 @@ class TritonAttention(v2.Attention):
         q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
         if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
             out = tk.flash_attention(q, k, v, cos=cos, sin=sin)
+        elif self.fused_qkv_grad:  # RoPE + attention; the backward writes qkv's gradient whole
+            out = tk.qkv_attention(qkv, cos, sin, H)
         else:
             qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
             out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)
@@ -157,7 +168,7 @@ def use_triton_norms(model: nn.Module) -> None:
 
 def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
                 triton_rope: bool = True, rope_in_attention: bool = False,
-                fused_residual_norm: bool = True,
+                fused_residual_norm: bool = True, fused_qkv_grad: bool = True,
                 kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
     """kernel_configs is only recorded (forced launch configurations); it changes nothing.
     fused_residual_norm needs the Triton norms (triton_rmsnorm): it is their kernel."""
@@ -168,7 +179,8 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
     def attention(cfg, fusions):
         if triton_attention or triton_rope:
             return TritonAttention(cfg, fusions, flash=triton_attention, rope=triton_rope,
-                                   rope_in_attention=rope_in_attention)
+                                   rope_in_attention=rope_in_attention,
+                                   fused_qkv_grad=fused_qkv_grad)
         return v2.Attention(cfg, fusions)
 
     llama = ResidualNormLlama if triton_rmsnorm and fused_residual_norm else v2.TinyLlama
@@ -201,7 +213,10 @@ def add_arguments(group) -> None:
                        ("triton_rope", "RoPE of q and k as one Triton kernel each way"),
 
                        ("fused_residual_norm", "each residual add done by the next RMSNorm's "
-                                               "kernels (with --triton-rmsnorm)")):
+                                               "kernels (with --triton-rmsnorm)"),
+                       ("fused_qkv_grad", "RoPE and attention as one step on the QKV GEMM's "
+                                          "output, whose gradient the kernels write whole "
+                                          "(with --triton-rope and --triton-attention)")):
         flag = name.replace("_", "-")
         group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
                            help=f"{what}; --no-{flag} falls back to V2's version")
@@ -228,7 +243,7 @@ def model_options(args) -> dict:
     return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
             "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
             "rope_in_attention": args.rope_in_attention,
-            "fused_residual_norm": args.fused_residual_norm}
+            "fused_residual_norm": args.fused_residual_norm, "fused_qkv_grad": args.fused_qkv_grad}
 
 
 def preflight(args, run) -> dict:

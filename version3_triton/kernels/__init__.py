@@ -4,6 +4,8 @@
                         residual add in front of it (add_rms_norm)
     rope.py             rotary embedding of q and k, one kernel each way
     flash_attention.py  causal flash attention: online softmax, recomputing backward
+    qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
+                        kernels write in one piece (no new kernel)
     configs.py          the launch configurations per target: the candidate lists,
                         the autotuner's prune, the forced-config hook
     common.py           what they share: the target GPU, the launch, the operator
@@ -19,6 +21,7 @@ from .common import (INTERPRET, backend, chosen_configs, current_target,  # noqa
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
                       check_config, forced_config)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
+from .qkv_attention import qkv_attention  # noqa: F401
 from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401
                       rms_norm, rmsnorm_backward, rmsnorm_forward)
 from .rope import rope, rope_forward  # noqa: F401

@@ -313,7 +313,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
                           stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                           stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
                           stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
-                          stride_table, num_kv_heads, N_CTX, sm_scale, qk_scale,
+                          stride_table, dk_head0, dv_head0, num_kv_heads, N_CTX, sm_scale, qk_scale,
                           GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, ROTATE: tl.constexpr,
@@ -355,10 +355,12 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
                                       COS, SIN, stride_table, HEAD_DIM, BLOCK_D, BLOCK_M, False,
                                       DOT_PRECISION, ROTATE, BLOCK_HALF)
     dk *= sm_scale  # the chain rule through S = scale * Q K^T
-    _store_qk_grad(DK + b * stride_dkb + kv_h * stride_dkh, stride_dkt, dk, offs_n, N_CTX, offs_d,
-                   COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF, ROTATE)
-    _store_rows(DV + b * stride_dvb + kv_h * stride_dvh, stride_dvt, dv.to(DV.dtype.element_ty),
-                offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+    # dK and dV may be heads of a larger tensor (the QKV gradient): its heads from dk_head0, dv_head0.
+    _store_qk_grad(DK + b * stride_dkb + (dk_head0 + kv_h) * stride_dkh, stride_dkt, dk, offs_n,
+                   N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF,
+                   ROTATE)
+    _store_rows(DV + b * stride_dvb + (dv_head0 + kv_h) * stride_dvh, stride_dvt,
+                dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -542,25 +544,58 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Causal flash attention backward: the dQ kernel, then the dK/dV kernel. With
     RoPE tables, dq and dk are the gradients of the q and k *before* the rotation."""
+    dq, dk, dv = _grads(q, k, v)
+    attention_backward_into(grad_o, q, k, v, o, lse, sm_scale, dq, dk, dv, cos, sin)
+    return dq, dk, dv
+
+
+def _grad_slot(grad, like: torch.Tensor) -> tuple:
+    """Where a kernel writes the gradient of `like` (B, heads, T, D): (tensor, its batch /
+    head / position strides, first head). `grad` is a tensor of like's shape, or a pair
+    (qkv_like, head0): heads head0.. of a (B, T, all heads, D) tensor such as the QKV
+    gradient. The pair hands the kernel the whole tensor, never a slice of it: under
+    torch.compile a kernel that writes into a view costs copies (or worse)."""
+    B, heads, T, D = like.shape
+    if isinstance(grad, tuple):
+        base, head0 = grad
+        if (base.dim() != 4 or (base.shape[0], base.shape[1], base.shape[3]) != (B, T, D)
+                or not 0 <= head0 <= base.shape[2] - heads or base.stride(-1) != 1):
+            raise ValueError(f"no room for heads {head0}..{head0 + heads - 1} of a {tuple(like.shape)} "
+                             f"gradient in a (B, T, heads, D) tensor of shape {tuple(base.shape)}")
+        return base, (base.stride(0), base.stride(2), base.stride(1)), head0
+    if grad.shape != like.shape or grad.stride(-1) != 1:
+        raise ValueError(f"a gradient of shape {tuple(like.shape)} with a contiguous last dim "
+                         f"was expected, got {tuple(grad.shape)}")
+    return grad, _strides(grad), 0
+
+
+def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, sm_scale: float,
+                            dq, dk, dv, cos: Optional[torch.Tensor] = None,
+                            sin: Optional[torch.Tensor] = None) -> None:
+    """attention_backward writing into given outputs: dq, dk and dv each a tensor of q's,
+    k's, v's shape, or (qkv_like, head0) - see _grad_slot (qkv_attention.py uses it)."""
     grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
     (B, H, T, D), H_kv = q.shape, k.shape[1]
-    dq, dk, dv = _grads(q, k, v)
+    (dq, dq_strides, dq_head0), (dk, dk_strides, dk_head0), (dv, dv_strides, dv_head0) = (
+        _grad_slot(g, t) for g, t in ((dq, q), (dk, k), (dv, v)))
+    if dq_head0:  # the dQ kernel writes from head 0 (one argument fewer: its registers are tight)
+        raise ValueError("dq's slot must start at head 0")
     if q.numel() == 0:
-        return dq, dk, dv
+        return
     meta = _head_meta(q, k, cos is not None)
     cos, sin, stride_table = _tables(q, cos, sin)
     delta = common.empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
     common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
                   lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
                   q, k, v, o, grad_o, dq, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                  *_strides(v), *_strides(o), *_strides(grad_o), *_strides(dq), stride_table,
+                  *_strides(v), *_strides(o), *_strides(grad_o), *dq_strides, stride_table,
                   H, T, sm_scale, sm_scale * _LOG2_E, **meta)
     common.launch(DKDV, _attn_bwd_dkdv_kernel, TUNING_KEY,
                   lambda c: (common.cdiv(T, c["BLOCK_N"]), B * H_kv),
                   q, k, v, grad_o, dk, dv, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                  *_strides(v), *_strides(grad_o), *_strides(dk), *_strides(dv), stride_table,
-                  H_kv, T, sm_scale, sm_scale * _LOG2_E, **meta)
-    return dq, dk, dv
+                  *_strides(v), *_strides(grad_o), *dk_strides, *dv_strides, stride_table,
+                  dk_head0, dv_head0, H_kv, T, sm_scale, sm_scale * _LOG2_E, **meta)
 
 
 # ---- the operators, autograd and the FLOP count ------------------------------------------

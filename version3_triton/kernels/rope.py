@@ -68,20 +68,33 @@ def rope_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """Rotate x (B, T, heads, head_dim; any strides, last dim contiguous) by the
     tables cos/sin (>= T rows, full width). Returns a new contiguous tensor;
     inverse=True rotates backwards (the gradient)."""
+    y = common.empty(x.shape, x.dtype, x.device)
+    rope_into(x, cos, sin, y, inverse)
+    return y
+
+
+def rope_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, y: torch.Tensor,
+              inverse: bool = False) -> None:
+    """rope_forward writing into the first heads of y: (B, T, >= x's heads, head_dim), last
+    dim contiguous - such as the QKV-shaped gradient of qkv_attention.py, whose q and k
+    heads come first. y is handed to the kernel whole, never a slice of it: under
+    torch.compile a kernel that writes into a view costs copies (or worse)."""
     common.check_device(x)
     B, T, H, D = x.shape
     if D % 2 or cos.shape[0] < T or cos.shape[-1] != D:
         raise ValueError(f"rope wants x (B, T, heads, even head_dim) and tables (>= T, head_dim); "
                          f"got {tuple(x.shape)} and {tuple(cos.shape)}")
-    y = common.empty((B, T, H, D), x.dtype, x.device)
+    if (y.dim() != 4 or (y.shape[0], y.shape[1], y.shape[3]) != (B, T, D) or y.shape[2] < H
+            or y.stride(-1) != 1):
+        raise ValueError(f"rope's output must be (B, T, >= {H}, {D}) like {tuple(x.shape)} with a "
+                         f"contiguous last dim, got {tuple(y.shape)}")
     if y.numel() == 0:
-        return y
+        return
     x = common.last_dim_contiguous(x)
     common.launch(SPEC, _rope_kernel, ["n_heads", "HALF"], lambda c: (B * T,),
                   x, cos, sin, y, T, H, *x.stride()[:3], *y.stride()[:3], cos.stride(0),
                   INVERSE=inverse, HALF=D // 2, BLOCK_H=common.next_power_of_2(H),
                   BLOCK_HALF=common.next_power_of_2(D // 2))
-    return y
 
 
 _rope_op = common.define_op("rope", rope_forward,

@@ -1,0 +1,159 @@
+"""qkv_attention: RoPE + flash attention on the QKV GEMM's output, one autograd step whose
+backward writes the QKV gradient in one piece (kernels/qkv_attention.py).
+
+It must compute what the separate steps compute (the RoPE kernel, then flash_attention,
+with autograd gathering q's, k's and v's gradients into the QKV gradient), checked against
+float64 PyTorch and against those steps in the same dtype, and the gather must be gone.
+On a CPU the kernels run in Triton's interpreter: fp32 and fp16, tiny ragged shapes.
+The QKV gradient is filled with NaN before the kernels write it (POISON_OUTPUTS).
+"""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
+from version3_triton.kernels import common  # noqa: E402
+from test_rope_in_attention import (SHAPES, TOLERANCE, assert_matches,  # noqa: E402,F401
+                                    forward_backward, max_error, poisoned_outputs_no_autotuning,
+                                    qkv_inputs, reference, unfused)
+
+
+def whole(qkv, cos, sin, heads, kv_heads):
+    return tk.qkv_attention(qkv, cos, sin, heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES + [(2, 4, 1, 67, 32)],
+                         ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
+def test_qkv_attention_matches_fp64_and_the_separate_steps(shape, dtype):
+    qkv, grad, cos, sin = qkv_inputs(*shape)
+    heads, kv_heads = shape[1:3]
+    got = forward_backward(whole, qkv, grad, cos, sin, heads, kv_heads, dtype)
+    want = forward_backward(reference, qkv, grad, cos, sin, heads, kv_heads, torch.float64)
+    assert_matches(got, want, TOLERANCE[dtype], "float64")
+    separate = forward_backward(unfused, qkv, grad, cos, sin, heads, kv_heads, dtype)
+    assert_matches(got, separate, TOLERANCE[dtype], "RoPE kernel + flash_attention")
+    assert got[0].transpose(1, 2).is_contiguous()  # (B, T, H, D) memory, as flash_attention's
+
+
+class AtenOps(TorchDispatchMode):
+    """The names of the aten operators that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def backward_ops(fn) -> set:
+    qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 9, 16)
+    leaf = qkv.requires_grad_()
+    out = fn(leaf, cos, sin, 4, 2)
+    with AtenOps() as seen:
+        out.backward(grad)
+    return set(seen.names)
+
+
+def test_the_backward_gathers_nothing():
+    """The separate steps' backward gathers the QKV gradient (slice_backward: a zero-filled
+    QKV-shaped buffer and a copy per slice; add: their sum); the one step allocates it
+    and lets the kernels write it. (Triton's CPU interpreter adds copies of its own to
+    both, so copies are not counted.)"""
+    gather = {"add", "zeros", "new_zeros", "slice_backward", "cat", "index_put_"}
+    assert backward_ops(unfused) & gather, "the reference path no longer gathers: test is moot"
+    assert not backward_ops(whole) & gather, backward_ops(whole) & gather
+
+
+def test_the_flop_counter_counts_attention_once_each_way():
+    """Inside eager_operators() the forward is RoPE's and attention's operators; the
+    backward is one operator carrying attention's backward FLOP formula."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 16, 32)
+    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
+    with common.eager_operators(), FlopCounterMode(display=False) as counter:
+        got = forward_backward(whole, qkv, grad, cos, sin, 4, 2, torch.float32)
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    assert counts == {"tinyllama_v3.attention_forward": forward,
+                      "tinyllama_v3.qkv_attention_backward": 2.5 * forward}
+    eager = forward_backward(whole, qkv, grad, cos, sin, 4, 2, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(got, eager))  # same kernels either way
+
+
+def test_torch_compile_traces_through_qkv_attention():
+    """aot_eager: dynamo + fake tensors + AOT autograd."""
+    qkv, grad, cos, sin = qkv_inputs(1, 2, 1, 17, 16)
+
+    def block(qkv):
+        return tk.qkv_attention(qkv * 0.5, cos, sin, 2)
+
+    def run(fn):
+        leaf = qkv.detach().requires_grad_()
+        out = fn(leaf)
+        out.backward(grad)
+        return [out.detach(), leaf.grad]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    for got, want in zip(run(compiled), run(block)):
+        assert max_error(got, want) <= 1e-6 * want.abs().max().item()
+
+
+def test_bad_head_counts_are_refused():
+    qkv, _, cos, sin = qkv_inputs(1, 2, 1, 5, 16)  # 2 + 2 * 1 heads
+    with pytest.raises(ValueError, match="qkv_attention wants"):
+        tk.qkv_attention(qkv, cos, sin, 3)  # 1 head left: not k and v of equal count
+
+
+def test_gradient_slots_are_checked():
+    """A kernel writes a gradient into a whole tensor from a given head on: it must fit."""
+    import importlib
+
+    fa = importlib.import_module("version3_triton.kernels.flash_attention")
+    like, base = torch.empty(1, 2, 5, 16), torch.empty(1, 5, 4, 16)  # (B, heads, T, D), (B, T, heads, D)
+    tensor, strides, head0 = fa._grad_slot((base, 2), like)
+    assert tensor is base and strides == (320, 16, 64) and head0 == 2
+    with pytest.raises(ValueError, match="no room for heads 3..4"):
+        fa._grad_slot((base, 3), like)
+    with pytest.raises(ValueError, match="shape"):
+        fa._grad_slot(torch.empty(1, 2, 6, 16), like)
+
+
+# ---- GPU only ------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_qkv_attention_low_precision_error_within_2x_pytorch():
+    """bf16: the error against float64 is at most ~2x that of version 2's PyTorch maths."""
+    shape = (2, 8, 2, 333, 64)
+    qkv, grad, cos, sin = qkv_inputs(*shape)
+    want = forward_backward(reference, qkv, grad, cos, sin, 8, 2, torch.float64)
+    ours = forward_backward(whole, qkv, grad, cos, sin, 8, 2, torch.bfloat16)
+    theirs = forward_backward(reference, qkv, grad, cos, sin, 8, 2, torch.bfloat16)
+    for name, a, b, ref in zip(["out", "dq", "dk", "dv"], ours, theirs, want):
+        e_ours, e_theirs = max_error(a, ref), max_error(b, ref)
+        assert e_ours <= 2 * e_theirs + 1e-3 * ref.abs().max().item(), \
+            f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_launches_qkv_attention_itself():
+    """Under torch.compile Inductor launches the RoPE and attention kernels of the
+    backward from its own code, with no gather of the QKV gradient around them."""
+    if not common.USE_TRITON_OP:
+        pytest.skip(f"torch {torch.__version__} has no torch.library.triton_op")
+    from torch._inductor.utils import run_and_get_code
+
+    qkv, grad, cos, sin = qkv_inputs(2, 4, 2, 130, 64)
+    want = forward_backward(whole, qkv, grad, cos, sin, 4, 2, torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(whole, fullgraph=True)
+    got, codes = run_and_get_code(forward_backward, compiled, qkv, grad, cos, sin, 4, 2,
+                                  torch.bfloat16)
+    code = "\n".join(codes)
+    for kernel in ("_rope_kernel", "_attn_fwd_kernel", "_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"):
+        assert kernel in code, f"{kernel} is not launched by Inductor's code"
+    assert "torch.ops.tinyllama_v3" not in code, "the compiled code calls back into Python"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

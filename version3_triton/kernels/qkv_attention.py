@@ -1,0 +1,107 @@
+"""Attention on the QKV GEMM's output, with that output's gradient written in one piece.
+
+No new kernel: RoPE's and flash attention's kernels, launched so that the backward
+needs no gathering. The model computes qkv = x @ W_qkv^T, (B, T, H + 2*H_kv, D),
+and takes q, k, v as slices of it. Handed to autograd piece by piece (a RoPE, an
+attention, slices and transposes), the backward then *assembles* the QKV gradient:
+attention writes dq, dk, dv as tensors of their own, and autograd zero-fills a
+QKV-shaped buffer per slice, copies each gradient into its place (transposing it
+back to the (B, T, heads, D) layout) and adds the buffers up - several passes over
+the largest activation gradient of the layer, every layer (torch.compile merges
+them into about one, which still reads and writes it all).
+
+Here one autograd step covers the three: the backward allocates the QKV gradient
+once, the attention kernels store dv straight into its v slots (the kernels take
+any strides), and the inverse RoPE kernel writes dq and dk into its q and k slots.
+Nothing is gathered afterwards.
+
+    qkv_attention(qkv, cos, sin, n_heads)  ==  attention(rope(q), rope(k), v)
+        with q, k, v = qkv.split([H, H_kv, H_kv], dim=2), each seen as (B, heads, T, D)
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.utils.flop_counter
+
+from . import common
+from .flash_attention import (_backward_flops, _forward_op, attention_backward_into,
+                              attention_forward)
+from .rope import _rope_op, rope_forward, rope_into
+
+
+def _split(qkv: torch.Tensor, qk: torch.Tensor, n_heads: int):
+    """q and k (rotated, from qk) and v (from qkv), each a (B, heads, T, D) view."""
+    H, H_kv = n_heads, qk.shape[2] - n_heads
+    return (qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2),
+            qkv[:, :, H + H_kv:].transpose(1, 2))
+
+
+def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: torch.Tensor,
+                           o: torch.Tensor, lse: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor, n_heads: int, sm_scale: float) -> torch.Tensor:
+    """The gradient of qkv (B, T, H + 2*H_kv, D), written in place by the kernels:
+    dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs."""
+    H, H_kv = n_heads, qk.shape[2] - n_heads
+    d_qkv = common.empty(qkv.shape, qkv.dtype, qkv.device)
+    d_qk = common.empty(qk.shape, qk.dtype, qk.device)  # the rotated q's and k's gradient
+    # Each kernel gets a whole tensor and the first head of its slot in it.
+    attention_backward_into(grad_o, *_split(qkv, qk, n_heads), o, lse, sm_scale,
+                            (d_qk, 0), (d_qk, H), (d_qkv, H + H_kv))
+    rope_into(d_qk, cos, sin, d_qkv, inverse=True)  # into d_qkv's first H + H_kv heads
+    return d_qkv
+
+
+_backward_op = common.define_op(
+    "qkv_attention_backward", qkv_attention_backward,
+    lambda grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale: common.empty(
+        qkv.shape, qkv.dtype, qkv.device))
+
+
+def _qkv_backward_flops(grad_shape, qkv_shape, qk_shape, o_shape=None, lse_shape=None,
+                        cos_shape=None, sin_shape=None, n_heads=None, sm_scale=None, *,
+                        out_shape=None, **kwargs) -> int:
+    B, T, _, D = qkv_shape  # attention's backward, counted as flash_attention.py counts it
+    return _backward_flops(grad_shape, (B, n_heads, T, D), (B, qk_shape[2] - n_heads, T, D))
+
+
+torch.utils.flop_counter.register_flop_formula(
+    getattr(torch.ops, common.LIBRARY).qkv_attention_backward)(_qkv_backward_flops)
+
+
+class QKVAttention(torch.autograd.Function):
+    """RoPE + causal flash attention on the QKV GEMM's output; the backward returns the
+    QKV gradient as one tensor. Saves what its two parts would: the rotated q and k,
+    qkv (for v), O and LSE."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, n_heads: int, sm_scale: float):
+        operators = common.through_operators()
+        H_kv = (qkv.shape[2] - n_heads) // 2
+        qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
+        o, lse = (_forward_op if operators else attention_forward)(*_split(qkv, qk, n_heads),
+                                                                   sm_scale, None, None)
+        ctx.save_for_backward(qkv, qk, o, lse, cos, sin)
+        ctx.n_heads, ctx.sm_scale = n_heads, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        backward = _backward_op if common.through_operators() else qkv_attention_backward
+        d_qkv = backward(grad_o, *ctx.saved_tensors, ctx.n_heads, ctx.sm_scale)
+        return d_qkv, None, None, None, None
+
+
+def qkv_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+                  sm_scale: Optional[float] = None) -> torch.Tensor:
+    """Causal attention of the heads in qkv (B, T, H + 2*H_kv, D): the first n_heads are
+    q, then H_kv of k, then H_kv of v; q and k are rotated by RoPE's tables cos, sin
+    (>= T, D). Returns the (B, H, T, D) view of (B, T, H, D) memory that
+    flash_attention returns; the gradient of qkv comes back as one tensor."""
+    if qkv.dim() != 4 or qkv.shape[2] <= n_heads or (qkv.shape[2] - n_heads) % 2:
+        raise ValueError(f"qkv_attention wants qkv (B, T, {n_heads} + 2 * kv_heads, D); "
+                         f"got {tuple(qkv.shape)}")
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(qkv.shape[3])
+    return QKVAttention.apply(qkv, cos, sin, n_heads, scale)
