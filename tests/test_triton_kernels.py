@@ -19,6 +19,7 @@ from conftest import HAS_GPU
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+from version3_triton.kernels.swiglu import swiglu_reference  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = list(tk.KERNEL_NAMES)
@@ -192,7 +193,8 @@ def test_rms_norm_can_write_the_autocast_dtype():
 # ---- launch configurations: the exercise knob, AMD's LDS budget -------------------
 SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BLOCK_M=32, BLOCK_N=16),
                 "attn_bwd_dkdv": dict(BLOCK_M=16, BLOCK_N=32), "rmsnorm_fwd": dict(BLOCK_ROWS=4),
-                "rmsnorm_bwd": dict(BLOCK_ROWS=1), "rope": dict(num_warps=1)}
+                "rmsnorm_bwd": dict(BLOCK_ROWS=1), "rope": dict(num_warps=1),
+                "swiglu_fwd": dict(num_warps=2), "swiglu_bwd": dict(num_warps=8)}
 
 
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
@@ -213,7 +215,12 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     assert_matches(got, forward_backward(lambda t: rope_reference(t, cos.double(), sin.double()),
                                          [x], torch.ones_like(x), torch.float64), 2e-5,
                    ["out", "dx"])
+    gate_up = torch.randn(3, 2 * 40, device=DEVICE)
+    got = forward_backward(tk.swiglu, [gate_up], torch.ones(3, 40, device=DEVICE))
+    assert_matches(got, forward_backward(swiglu_reference, [gate_up], torch.ones(3, 40, device=DEVICE),
+                                         torch.float64), 2e-5, ["out", "d gate_up"])
     chosen = tk.chosen_configs()
+    assert chosen["swiglu_bwd"].startswith("forced: num_warps=8")
     assert chosen["rope"].startswith("forced: num_warps=1")
     assert chosen["attn_fwd"].startswith("forced: BLOCK_M=32, BLOCK_N=16, num_warps=4")
     assert chosen["attn_bwd_dkdv"].startswith("forced: BLOCK_M=16, BLOCK_N=32")

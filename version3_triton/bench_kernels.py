@@ -66,9 +66,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # (rows, hidden) and (batch, heads, kv_heads, seq, head_dim)
 NORM_SHAPES = {"full": [(16384, 1024)], "quick": [(64, 96)]}
+SWIGLU_SHAPES = {"full": [(8192, 2816)], "quick": [(64, 80)]}  # rows x ffn (medium: 16 x 512, 2816)
 ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16, 16, 4, 512, 64)],
                     "quick": [(1, 2, 1, 40, 32), (1, 4, 4, 33, 16)]}
-TARGETS = {"rmsnorm_copy_fraction": 0.6,
+TARGETS = {"rmsnorm_copy_fraction": 0.6, "swiglu_copy_fraction": 0.7,
            (16, 16, 16, 512, 64): 0.8, (4, 16, 16, 2048, 128): 0.7}  # SDPA time / ours
 
 
@@ -228,6 +229,29 @@ def bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[di
                           f"{rows}x{cols}", dtype, copy_gbs)
 
 
+# ---- SwiGLU --------------------------------------------------------------------------
+def swiglu_min_bytes(rows: int, cols: int, elem: int) -> int:
+    return 8 * rows * cols * elem  # fwd: gate_up in, y out; bwd: gate_up, dy in, d gate_up out
+
+
+def bench_swiglu(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
+    """silu(gate) * up on the gate/up GEMM's output, forward and backward: the kernel, and
+    version 2's maths on the two halves (autograd gathers their gradients), eager and as the
+    one generated kernel V2 uses."""
+    from version2_fused.tiny_llama_v2 import silu_mul
+
+    g = torch.Generator(device=device).manual_seed(0)
+    gate_up = torch.randn(rows, 2 * cols, device=device, dtype=dtype, generator=g).requires_grad_()
+    dy = torch.randn(rows, cols, device=device, dtype=dtype, generator=g)
+    impls = {"triton (gradient whole)": tk.swiglu,
+             "pytorch on the halves": lambda t: silu_mul(*t.chunk(2, dim=-1))}
+    if device.type == "cuda":
+        one_kernel = torch.compile(silu_mul, dynamic=False)
+        impls["compiled, on the halves"] = lambda t: one_kernel(*t.chunk(2, dim=-1))
+    return bandwidth_rows(timer, impls, [gate_up], dy, swiglu_min_bytes(rows, cols, dtype.itemsize),
+                          f"{rows}x{cols}", dtype, copy_gbs)
+
+
 # ---- attention -----------------------------------------------------------------------
 def attention_flops(batch, heads, seq, head_dim) -> dict:
     forward = 4 * batch * heads * seq * seq * head_dim // 2  # causal: half the score matrix
@@ -342,6 +366,11 @@ def report(result: dict) -> str:
     for r in result["add_rmsnorm"]:
         share = r["copy_fraction"] and 100 * r["copy_fraction"]
         lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
+    lines += ["", "SwiGLU's silu(gate) * up forward+backward on the gate/up GEMM's output; GB/s from "
+              "the minimal bytes (8*M*N*elem), f+b time", header + f"{'GB/s':>7s} {'% copy':>6s}"]
+    for r in result["swiglu"]:
+        share = r["copy_fraction"] and 100 * r["copy_fraction"]
+        lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
     lines += ["", "Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b time "
               "(kernel convention)", header + f"{'TFLOP/s':>7s} {'SDPA/ours':>9s}"]
     for r in result["attention"]:
@@ -351,12 +380,12 @@ def report(result: dict) -> str:
               "work the GPU waits for);", "  'host' = Python + launch time per call (GPU not "
               "waited for); host > graph (GPU-only time) means host-bound.",
               f"  {'shape':26s} {'impl':26s} {'extra ms':>8s} {'host ms':>8s} {'graph ms':>8s}"]
-    for r in result["rmsnorm"] + result["add_rmsnorm"] + result["attention"]:
+    for r in result["rmsnorm"] + result["add_rmsnorm"] + result["swiglu"] + result["attention"]:
         lines.append(f"  {r['shape'] + ' ' + r['dtype']:26s} {r['impl'][:26]:26s} "
                      f"{fmt(r['fwd_bwd_extra_ms'], '+.3f'):>8s} {fmt(r['fwd_bwd_host_ms']):>8s} "
                      f"{fmt(r['fwd_bwd_graph_ms']):>8s}")
     errors = {r["fwd_bwd_graph_error"]
-              for r in result["rmsnorm"] + result["add_rmsnorm"] + result["attention"]
+              for r in result["rmsnorm"] + result["add_rmsnorm"] + result["swiglu"] + result["attention"]
               if r["fwd_bwd_graph_error"] and result["device"]["type"] != "cpu"}
     lines += [f"  graph replay failed: {e}" for e in sorted(errors)]
     lines += ["", "launch configurations used:"]
@@ -380,6 +409,12 @@ def check_targets(result: dict) -> list[dict]:
                 share = gbs / result["copy_gbs"]
                 targets.append({"claim": f"RMSNorm {r['shape']} GB/s ({how}) >= {goal:.0%} of copy",
                                 "value": share, "passed": share >= goal})
+    goal = TARGETS["swiglu_copy_fraction"]
+    for r in (r for r in result["swiglu"] if r["impl"].startswith("triton")):
+        if r["graph_gbs"] is not None:
+            share = r["graph_gbs"] / result["copy_gbs"]
+            targets.append({"claim": f"SwiGLU {r['shape']} GB/s (graph replay) >= {goal:.0%} of copy",
+                            "value": share, "passed": share >= goal})
     for r in result["attention"]:
         goal = TARGETS.get(tuple(r["dims"]))
         for how, key in (("do_bench", "sdpa_time_over_ours"),
@@ -407,14 +442,17 @@ def run(args) -> dict:
                   "rmsnorm_bytes": "5*M*N*elem (x read twice, y, dy, dx) + 8*M (1/rms) + 3*N*elem",
                   "add_rmsnorm_bytes": "(5*4 + 4*elem)*M*N (fp32 x, h read twice, dh_in, dh; "
                                        "delta, y, dy, ddelta in elem) + 8*M + 3*N*4",
+                  "swiglu_bytes": "8*M*N*elem (gate_up read twice, y, dy, d gate_up)",
                   "attention_flops": "4*B*H*N^2*D forward, halved (causal), backward 2.5x forward",
                   "timing": "triton.testing.do_bench median, L2 flushed; graph = CUDA/HIP graph "
                             "replay of f+b (no host launch overhead); host = wall-clock Python + "
                             "launch time per f+b call, GPU not waited for; extra = f+b - fwd - bwd"},
-              "rmsnorm": [], "add_rmsnorm": [], "attention": []}
+              "rmsnorm": [], "add_rmsnorm": [], "swiglu": [], "attention": []}
     for rows, cols in NORM_SHAPES[size] if args.kernels in ("all", "rmsnorm") else []:
         result["rmsnorm"] += bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
         result["add_rmsnorm"] += bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
+    for rows, cols in SWIGLU_SHAPES[size] if args.kernels in ("all", "swiglu") else []:
+        result["swiglu"] += bench_swiglu(tk, timer, rows, cols, dtype, device, copy_gbs)
     for shape in ATTENTION_SHAPES[size] if args.kernels in ("all", "attention") else []:
         result["attention"] += bench_attention(tk, timer, shape, dtype, device)
     result["kernel_configs"] = tk.chosen_configs()
@@ -429,7 +467,7 @@ def main(argv=None) -> int:
                         help="tiny shapes, few repeats: a smoke test (the only mode on a CPU)")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
                         help="GPU precision (the CPU interpreter always uses fp32)")
-    parser.add_argument("--kernels", choices=("all", "rmsnorm", "attention"), default="all",
+    parser.add_argument("--kernels", choices=("all", "rmsnorm", "swiglu", "attention"), default="all",
                         help="benchmark only these kernels (rmsnorm: with the fused residual add)")
     parser.add_argument("--output", help="write the results as JSON here")
     try:

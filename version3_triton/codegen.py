@@ -52,11 +52,12 @@ AMD_TARGETS = ("gfx906", "gfx908", "gfx90a", "gfx942", "gfx950")
 NVIDIA_TARGETS = ("sm_80", "sm_90")
 TARGETS = AMD_TARGETS + NVIDIA_TARGETS
 KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "rope", "attn_fwd",
-           "attn_bwd_dkdv", "attn_bwd_dq")
+           "attn_bwd_dkdv", "attn_bwd_dq", "swiglu_fwd", "swiglu_bwd")
 # add_rmsnorm_*: the RMSNorm kernels with the residual add switched on (constexprs), as
 # V3's --fused-residual-norm runs them; same kernels, same launch rule.
 NORM_SPEC = {"add_rmsnorm_fwd": "rmsnorm_fwd", "add_rmsnorm_bwd": "rmsnorm_bwd"}
-HIDDEN, ROPE_HEADS = 1024, 32  # the medium preset: RMSNorm rows, q + k heads per position
+HIDDEN, ROPE_HEADS, FFN = 1024, 32, 2816  # the medium preset: RMSNorm rows, q + k heads per
+# position, the MLP's width (SwiGLU's columns)
 MATRIX = re.compile(r"\b(v_mfma\w*|v_wmma\w*|wgmma\.\w+|mma\.sync\.\w+)")
 # AMD register file per SIMD lane and the most waves one SIMD holds: MI200/MI300/MI350
 # have 512 (VGPRs and AGPRs together) and 8 waves; MI50/MI100 256 VGPRs and 10 waves.
@@ -85,7 +86,9 @@ def kernel_fn(kernel: str):
                     "rope": ("rope", "_rope_kernel"),
                     "attn_fwd": ("flash_attention", "_attn_fwd_kernel"),
                     "attn_bwd_dkdv": ("flash_attention", "_attn_bwd_dkdv_kernel"),
-                    "attn_bwd_dq": ("flash_attention", "_attn_bwd_dq_kernel")}[kernel]
+                    "attn_bwd_dq": ("flash_attention", "_attn_bwd_dq_kernel"),
+                    "swiglu_fwd": ("swiglu", "_swiglu_fwd_kernel"),
+                    "swiglu_bwd": ("swiglu", "_swiglu_bwd_kernel")}[kernel]
     return getattr(importlib.import_module(f"version3_triton.kernels.{module}"), name)
 
 
@@ -123,7 +126,7 @@ def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
         target = target_of(name)
         for kernel in kernels:
             spec = configs.SPECS[NORM_SPEC.get(kernel, kernel)]
-            widths = [HIDDEN] if "rmsnorm" in kernel else head_dims
+            widths = [HIDDEN] if "rmsnorm" in kernel else [FFN] if "swiglu" in kernel else head_dims
             for dtype in dtypes:
                 for width in widths:
                     # attention: plain, and rotating q and k on load (its own candidates)
@@ -150,6 +153,9 @@ def constexprs_for(job: dict) -> dict:
         store = add and job["dtype"] != "fp32"  # delta's gradient in its own (bf16) dtype
         return dict(blocks, ADD_GRAD=add, STORE_DDELTA=store,
                     **({} if add else dict(DH=None)), **({} if store else dict(DDELTA=None)))
+    if kernel.startswith("swiglu"):
+        from version3_triton.kernels.swiglu import _block
+        return dict(BLOCK=_block(width))
     if kernel == "rope":
         return dict(INVERSE=False, HALF=width // 2, BLOCK_H=common.next_power_of_2(ROPE_HEADS),
                     BLOCK_HALF=common.next_power_of_2(width // 2))

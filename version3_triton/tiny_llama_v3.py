@@ -36,10 +36,11 @@ The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
---no-fused-residual-norm, --no-fused-qkv-grad, --rope-in-attention, V2's
-fusion flags) measure
-each piece alone. Block
-sizes of the kernels can be forced for an exercise, e.g.
+--no-fused-residual-norm, --no-fused-qkv-grad, V2's fusion flags) measure
+each piece alone; --rope-in-attention and --triton-swiglu (SwiGLU's middle as
+one kernel each way, its gradient written whole) are options, off by default,
+measured against the default the same way. Block sizes of the kernels can be
+forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
 kernels/configs.py; the results JSON records any forced configuration.
 
@@ -127,6 +128,14 @@ class TritonAttention(v2.Attention):
         return tk.flash_attention(q, k, v) if self.flash else super().attend(q, k, v)
 
 
+class TritonSwiGLU(v2.SwiGLU):
+    """V2's MLP (same parameters) with silu(gate) * up as one Triton kernel each way on the
+    gate/up GEMM's output; the backward kernel writes that output's gradient whole."""
+
+    def forward(self, x):
+        return self.down_proj(tk.swiglu(F.linear(x, self.gate_up_proj.weight)))
+
+
 class ResidualNormBlock(v2.Block):
     """V2's block (same modules) that takes the residual stream x and the previous
     block's output `delta` not yet added to it, so each norm does the add in front
@@ -169,10 +178,12 @@ def use_triton_norms(model: nn.Module) -> None:
 def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
                 triton_rope: bool = True, rope_in_attention: bool = False,
                 fused_residual_norm: bool = True, fused_qkv_grad: bool = True,
+                triton_swiglu: bool = False,
                 kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
     """kernel_configs is only recorded (forced launch configurations); it changes nothing.
     fused_residual_norm needs the Triton norms (triton_rmsnorm): it is their kernel."""
-    any_kernel = triton_rmsnorm or triton_attention or triton_rope
+    triton_swiglu = triton_swiglu and fusion_flags.get("fused_gate_up", True)  # its one GEMM
+    any_kernel = triton_rmsnorm or triton_attention or triton_rope or triton_swiglu
     if any_kernel:
         require_triton()
 
@@ -187,6 +198,9 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
     model = llama(config, v2.Fusions(**fusion_flags), attention=attention)
     if triton_rmsnorm:
         use_triton_norms(model)
+    if triton_swiglu:
+        for block in model.layers:  # same parameters, the forward above
+            block.mlp.__class__ = TritonSwiGLU
     if any_kernel:
         # `with model.flop_counting():` routes the kernels' eager calls through their
         # torch.library operators, the only calls FlopCounterMode sees (it counts
@@ -220,6 +234,9 @@ def add_arguments(group) -> None:
         flag = name.replace("_", "-")
         group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
                            help=f"{what}; --no-{flag} falls back to V2's version")
+    group.add_argument("--triton-swiglu", default=False, action=argparse.BooleanOptionalAction,
+                       help="silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
+                            "output (with V2's --fused-gate-up; off by default: see the README)")
     group.add_argument("--rope-in-attention", default=False, action=argparse.BooleanOptionalAction,
                        help="RoPE applied by the attention kernels as they load q and k, instead "
                             "of the RoPE kernel's own pass (eager only: see the README)")
@@ -243,13 +260,14 @@ def model_options(args) -> dict:
     return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
             "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
             "rope_in_attention": args.rope_in_attention,
-            "fused_residual_norm": args.fused_residual_norm, "fused_qkv_grad": args.fused_qkv_grad}
+            "fused_residual_norm": args.fused_residual_norm, "fused_qkv_grad": args.fused_qkv_grad,
+            "triton_swiglu": args.triton_swiglu}
 
 
 def preflight(args, run) -> dict:
     """Once, before training: can the kernels run here, and which launch configs are forced?"""
     forced = {}
-    if args.triton_rmsnorm or args.triton_attention or args.triton_rope:
+    if args.triton_rmsnorm or args.triton_attention or args.triton_rope or args.triton_swiglu:
         require_triton()
         if args.rope_in_attention and args.compile:
             raise UsageError("--rope-in-attention runs eager only: its kernels do not yet run "

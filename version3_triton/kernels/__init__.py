@@ -6,6 +6,8 @@
     flash_attention.py  causal flash attention: online softmax, recomputing backward
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
                         kernels write in one piece (no new kernel)
+    swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient
+                        written in one piece
     configs.py          the launch configurations per target: the candidate lists,
                         the autotuner's prune, the forced-config hook
     common.py           what they share: the target GPU, the launch, the operator
@@ -25,3 +27,4 @@ from .qkv_attention import qkv_attention  # noqa: F401
 from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401
                       rms_norm, rmsnorm_backward, rmsnorm_forward)
 from .rope import rope, rope_forward  # noqa: F401
+from .swiglu import swiglu, swiglu_backward, swiglu_forward  # noqa: F401

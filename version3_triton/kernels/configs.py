@@ -38,7 +38,8 @@ from . import common
 if TYPE_CHECKING:
     from .common import Target
 
-KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
+KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
+                "swiglu_fwd", "swiglu_bwd")
 FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over everything
 AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 
@@ -272,7 +273,7 @@ class KernelSpec:
     rule: Optional[Callable[[Target, int], dict]] = None  # the one config of a memory-bound kernel
 
 
-SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, flash_attention.py
+SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, flash_attention.py, swiglu.py
 
 
 def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int,
