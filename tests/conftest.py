@@ -44,6 +44,21 @@ def run_cli(args, cwd=REPO, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def aten_ops_of(run) -> set:
+    """The names of the aten operators PyTorch dispatches while run() runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    names = set()
+    with Recorder():
+        run()
+    return names
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked @pytest.mark.gpu skip on a machine without a GPU; `pytest -m gpu` runs them all."""
     if HAS_GPU:

@@ -9,13 +9,14 @@ The QKV gradient is filled with NaN before the kernels write it (POISON_OUTPUTS)
 """
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common  # noqa: E402
-from test_rope_in_attention import (SHAPES, TOLERANCE, assert_matches,  # noqa: E402,F401
-                                    forward_backward, max_error, poisoned_outputs_no_autotuning,
-                                    qkv_inputs, reference, unfused)
+from test_rope_in_attention import (SHAPES, TOLERANCE, assert_compiles_like_eager,  # noqa: E402,F401
+                                    assert_matches, counted_flops, forward_backward, max_error,
+                                    poisoned_outputs_no_autotuning, qkv_inputs, reference, unfused)
 
 
 def whole(qkv, cos, sin, heads, kv_heads):
@@ -36,25 +37,10 @@ def test_qkv_attention_matches_fp64_and_the_separate_steps(shape, dtype):
     assert got[0].transpose(1, 2).is_contiguous()  # (B, T, H, D) memory, as flash_attention's
 
 
-class AtenOps(TorchDispatchMode):
-    """The names of the aten operators that run inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def backward_ops(fn) -> set:
     qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 9, 16)
-    leaf = qkv.requires_grad_()
-    out = fn(leaf, cos, sin, 4, 2)
-    with AtenOps() as seen:
-        out.backward(grad)
-    return set(seen.names)
+    out = fn(qkv.requires_grad_(), cos, sin, 4, 2)
+    return aten_ops_of(lambda: out.backward(grad))
 
 
 def test_the_backward_gathers_nothing():
@@ -70,36 +56,13 @@ def test_the_backward_gathers_nothing():
 def test_the_flop_counter_counts_attention_once_each_way():
     """Inside eager_operators() the forward is RoPE's and attention's operators; the
     backward is one operator carrying attention's backward FLOP formula."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 16, 32)
-    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
-    with common.eager_operators(), FlopCounterMode(display=False) as counter:
-        got = forward_backward(whole, qkv, grad, cos, sin, 4, 2, torch.float32)
-    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    counts, forward = counted_flops(whole)
     assert counts == {"tinyllama_v3.attention_forward": forward,
                       "tinyllama_v3.qkv_attention_backward": 2.5 * forward}
-    eager = forward_backward(whole, qkv, grad, cos, sin, 4, 2, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(got, eager))  # same kernels either way
 
 
 def test_torch_compile_traces_through_qkv_attention():
-    """aot_eager: dynamo + fake tensors + AOT autograd."""
-    qkv, grad, cos, sin = qkv_inputs(1, 2, 1, 17, 16)
-
-    def block(qkv):
-        return tk.qkv_attention(qkv * 0.5, cos, sin, 2)
-
-    def run(fn):
-        leaf = qkv.detach().requires_grad_()
-        out = fn(leaf)
-        out.backward(grad)
-        return [out.detach(), leaf.grad]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    for got, want in zip(run(compiled), run(block)):
-        assert max_error(got, want) <= 1e-6 * want.abs().max().item()
+    assert_compiles_like_eager(lambda qkv, cos, sin: tk.qkv_attention(qkv * 0.5, cos, sin, 2))
 
 
 def test_bad_head_counts_are_refused():

@@ -175,33 +175,37 @@ def test_rope_configs_are_legal_and_fit(kernel):
 
 
 # ---- what PyTorch sees: the operators, FlopCounterMode, torch.compile -----------------
-def test_rope_in_attention_through_the_operators_and_the_flop_counter():
-    """The operators take the tables; the FLOP count is attention's alone (RoPE's
-    multiplies are elementwise: PyTorch counts none for version 2's RoPE either)."""
+def counted_flops(fn) -> tuple[dict, int]:
+    """FlopCounterMode's counts per operator for fn's forward + backward inside
+    eager_operators(), and attention's forward FLOPs by PyTorch's SDPA convention
+    (4*B*H*Tq*Tk*D); the operators compute what the eager launchers compute."""
     from torch.utils.flop_counter import FlopCounterMode
 
     qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 16, 32)
-    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
     with common.eager_operators(), FlopCounterMode(display=False) as counter:
-        got = forward_backward(fused, qkv, grad, cos, sin, 4, 2, torch.float32)
+        got = forward_backward(fn, qkv, grad, cos, sin, 4, 2, torch.float32)
+    eager = forward_backward(fn, qkv, grad, cos, sin, 4, 2, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(got, eager))  # same kernels either way
     counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    return counts, 4 * 1 * 4 * 16 * 16 * 32
+
+
+def test_rope_in_attention_through_the_operators_and_the_flop_counter():
+    """The operators take the tables; the FLOP count is attention's alone (RoPE's
+    multiplies are elementwise: PyTorch counts none for version 2's RoPE either)."""
+    counts, forward = counted_flops(fused)
     assert counts == {"tinyllama_v3.attention_forward": forward,
                       "tinyllama_v3.attention_backward": 2.5 * forward}
-    eager = forward_backward(fused, qkv, grad, cos, sin, 4, 2, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(got, eager))  # same kernels either way
 
 
-def test_torch_compile_traces_through_rope_in_attention():
-    """aot_eager: dynamo + fake tensors + AOT autograd, the tables as operator inputs."""
+def assert_compiles_like_eager(block):
+    """aot_eager (dynamo + fake tensors + AOT autograd) traces block(qkv, cos, sin), with the
+    tables as operator inputs, and the compiled block computes what the eager one does."""
     qkv, grad, cos, sin = qkv_inputs(1, 2, 1, 17, 16)
-
-    def block(qkv):
-        q, k, v = split_heads(qkv * 0.5, 2, 1)
-        return tk.flash_attention(q, k, v, cos=cos, sin=sin)
 
     def run(fn):
         leaf = qkv.detach().requires_grad_()
-        out = fn(leaf)
+        out = fn(leaf, cos, sin)
         out.backward(grad)
         return [out.detach(), leaf.grad]
 
@@ -209,6 +213,14 @@ def test_torch_compile_traces_through_rope_in_attention():
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     for got, want in zip(run(compiled), run(block)):
         assert max_error(got, want) <= 1e-6 * want.abs().max().item()
+
+
+def test_torch_compile_traces_through_rope_in_attention():
+    def block(qkv, cos, sin):
+        q, k, v = split_heads(qkv * 0.5, 2, 1)
+        return tk.flash_attention(q, k, v, cos=cos, sin=sin)
+
+    assert_compiles_like_eager(block)
 
 
 # ---- GPU only ------------------------------------------------------------------------

@@ -7,9 +7,8 @@ one and two column blocks). Outputs are filled with NaN before the kernels write
 """
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import HAS_GPU
+from conftest import HAS_GPU, aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common, configs  # noqa: E402
@@ -63,22 +62,10 @@ def test_swiglu_matches_fp64_and_version_2(shape, dtype):
         assert (a.double() - c.double()).abs().max().item() <= 2 * TOLERANCE[dtype] * scale, name
 
 
-class AtenOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def backward_ops(fn) -> set:
     gate_up, grad = inputs(2, 3, 32)
     out = fn(gate_up.requires_grad_())
-    with AtenOps() as seen:
-        out.backward(grad)
-    return set(seen.names)
+    return aten_ops_of(lambda: out.backward(grad))
 
 
 def test_the_backward_gathers_nothing():

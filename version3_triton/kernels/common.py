@@ -146,6 +146,11 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """t as a (rows, n_cols) matrix whose rows the kernels step through by one stride."""
+    return last_dim_contiguous(t.reshape(-1, n_cols))
+
+
 # ---- operators: what torch.compile sees ---------------------------------------------------
 # Each launcher is also a named operator (torch.ops.tinyllama_v3.*):
 # - torch.library.triton_op (torch >= 2.6, on a GPU): torch.compile traces the

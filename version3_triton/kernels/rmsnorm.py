@@ -176,11 +176,6 @@ FWD, BWD = configs.SPECS["rmsnorm_fwd"], configs.SPECS["rmsnorm_bwd"] = (
 
 
 # ---- launchers -------------------------------------------------------------------------
-def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    rows = t.reshape(-1, n_cols)
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def _block_cols(n_cols: int) -> int:
     if n_cols > MAX_NORM_COLS:
         raise ValueError(f"rms_norm: hidden size {n_cols} is above {MAX_NORM_COLS}, the most one "
@@ -201,14 +196,14 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
     common.check_device(x)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
-    x2 = _as_rows(x, n_cols)
+    x2 = common.as_rows(x, n_cols)
     y, rstd = _outputs(x, weight, out_dtype)
     h = d2 = None
     if delta is not None:
         if delta.shape != x.shape:
             raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} is not x's shape "
                              f"{tuple(x.shape)}")
-        d2, h = _as_rows(delta, n_cols), common.empty(x.shape, x.dtype, x.device)
+        d2, h = common.as_rows(delta, n_cols), common.empty(x.shape, x.dtype, x.device)
     n_rows = x2.shape[0]
     if n_rows:
         common.launch(FWD, _rmsnorm_fwd_kernel, ["BLOCK_COLS"],
@@ -251,8 +246,8 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
-    x2, dy2 = _as_rows(x, n_cols), _as_rows(grad_y, n_cols)
-    dh2 = None if grad_h is None else _as_rows(grad_h, n_cols)
+    x2, dy2 = common.as_rows(x, n_cols), common.as_rows(grad_y, n_cols)
+    dh2 = None if grad_h is None else common.as_rows(grad_h, n_cols)
     n_rows = x2.shape[0]
     dx = common.empty((n_rows, n_cols), x.dtype, x.device)
     ddelta = None if delta_dtype is None else common.empty((n_rows, n_cols), delta_dtype, x.device)

@@ -80,11 +80,6 @@ FWD, BWD = configs.SPECS["swiglu_fwd"], configs.SPECS["swiglu_bwd"] = (
 
 
 # ---- launchers -------------------------------------------------------------------------
-def _rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    rows = t.reshape(-1, n_cols)
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def _block(n_cols: int) -> int:
     return min(1024, common.next_power_of_2(max(n_cols, 16)))
 
@@ -96,7 +91,7 @@ def swiglu_forward(gate_up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"swiglu wants [gate | up] in the last dim (an even size); got "
                          f"{tuple(gate_up.shape)}")
     n_cols = gate_up.shape[-1] // 2
-    gu = _rows(gate_up, 2 * n_cols)
+    gu = common.as_rows(gate_up, 2 * n_cols)
     y = common.empty((*gate_up.shape[:-1], n_cols), gate_up.dtype, gate_up.device)
     if y.numel():
         block = _block(n_cols)
@@ -110,7 +105,7 @@ def swiglu_backward(grad_y: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor
     """The gradient of gate_up, [d gate | d up], as one new tensor of its shape."""
     common.check_device(gate_up)
     n_cols = gate_up.shape[-1] // 2
-    gu, dy = _rows(gate_up, 2 * n_cols), _rows(grad_y, n_cols)
+    gu, dy = common.as_rows(gate_up, 2 * n_cols), common.as_rows(grad_y, n_cols)
     d_gate_up = common.empty(gate_up.shape, gate_up.dtype, gate_up.device)
     if d_gate_up.numel():
         block = _block(n_cols)
