@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 30 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 35 minutes on an H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -64,7 +64,7 @@ describe_step() {
         fusion)         echo "~5 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.7 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
-        compare-large)  echo "~7 min    compare_large.json: V1, V3, V4 (compiled; graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
+        compare-large)  echo "~7 min    compare_large.json: V1, V3, V4 (compiled; graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU; the time is an estimate)" ;;
         flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
@@ -302,7 +302,11 @@ run_step() {
     esac
 }
 
+# The steps' times on an H200 added up (rows done before are skipped, so less when resuming).
+expected=$(for s in "${STEPS_ASKED[@]}"; do describe_step "$s"; done \
+           | awk '{sub(/^~/, "", $1); t += $1} END {printf "%.0f", t}')
 say "reproduce on $GPU ($DEVICE): steps ${STEPS_ASKED[*]}; rows in $W"
+[ $QUICK = 1 ] || say "expected: about $expected min on an H200 for these steps from scratch"
 for step in "${STEPS_ASKED[@]}"; do run_step "$step"; done
 say "done in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s$([ $failed = 0 ] || echo ', with failures (see the logs in '"$W"')')"
 exit $failed
