@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 35 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 33 minutes on an H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -27,7 +27,7 @@
 # WARMUP (10 warm-up steps before them), REPEATS (1: rounds of each comparison), BASELINE
 # (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES / LARGE_MODES (the compare_versions
 # --modes; medium: eager,compile,reduce-overhead-master, small: eager,reduce-overhead, large:
-# compile,reduce-overhead-master). max-autotune is left out by default (minutes of
+# reduce-overhead-master). max-autotune is left out by default (minutes of
 # compilation, no faster step); to add it back:
 #   MEDIUM_MODES=eager,compile,reduce-overhead-master,max-autotune \
 #       bash benchmarks/reproduce.sh --force compare-medium
@@ -64,7 +64,7 @@ describe_step() {
         fusion)         echo "~5 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.7 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
-        compare-large)  echo "~7 min    compare_large.json: V1, V3, V4 (compiled; graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU; the time is an estimate)" ;;
+        compare-large)  echo "~5 min    compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU; the time is an estimate)" ;;
         flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
@@ -162,7 +162,7 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
     [ "$preset" = small ] && modes=${SMALL_MODES:-eager,reduce-overhead}
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
     if [ "$preset" = large ]; then  # the targets' versions; V1 runs eager, its one mode
-        versions=v1,v3,v4,hf; modes=${LARGE_MODES:-compile,reduce-overhead-master}; sweep=()
+        versions=v1,v3,v4,hf; modes=${LARGE_MODES:-reduce-overhead-master}; sweep=()
         [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     fi
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
