@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -56,8 +57,11 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     assert "`" + summary["git_commit"] + "`" in (out / "RESULTS.md").read_text()
     # A second run skips every row; regress against the set itself passes. A row that would
     # repeat a run of the comparison (the SDPA step's default backend) is copied from it.
+    baseline = tmp_path / "baseline"
+    shutil.copytree(out, baseline)
     again = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "compare-medium", "sdpa",
-                            "regress"], cwd=REPO, env={**env, "BASELINE": str(out)},
+                            "compare-large", "publish", "regress"], cwd=REPO,
+                           env={**env, "BASELINE": str(baseline)},
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "done before, skipped" in again.stdout and "no regression beyond tolerance" in again.stdout
@@ -66,6 +70,10 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     run = next(r for r in json.loads((work / "compare_medium.json").read_text())["runs"]
                if (r["version"], r["mode"]) == ("v4", "eager"))
     assert json.loads((work / "sdpa" / "backend_auto.json").read_text()) == run["result"]
+    # The large comparison is published beside the others (--quick: V1 and V4 on the tiny preset).
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["version"] for r in summary["compare"]["large"]["rows"]} == {"v1", "v4"}
+    assert "compare_large.json" in summary["files"]
 
 
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
