@@ -85,6 +85,18 @@ def test_gradient_slots_are_checked():
         fa._grad_slot(torch.empty(1, 2, 6, 16), like)
 
 
+def test_the_backward_ops_tool_shows_the_gather_and_its_absence(capsys):
+    """version3_triton/backward_ops.py (exercise V3-6) lists each backward's operators."""
+    import importlib
+
+    assert importlib.import_module("version3_triton.backward_ops").main() == 0
+    lines = {line.split("  ")[1].strip(): line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "slice_backward" in lines["attention on QKV, separate steps"]
+    assert "slice_backward" not in lines["attention on QKV, qkv_attention"]
+    assert "cat" in lines["SwiGLU, silu_mul on the halves"]
+    assert "cat" not in lines["SwiGLU, swiglu"] and "slice_backward" not in lines["SwiGLU, swiglu"]
+
+
 # ---- GPU only ------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_qkv_attention_low_precision_error_within_2x_pytorch():
