@@ -17,10 +17,17 @@ What is measured:
   the backward reads dy, the residual gradient dh_in (fp32) and h, and writes dh
   (fp32) and delta's gradient: (5 * 4 + 4 * elem) * M * N, plus 1/rms and the
   (fp32) weight as above.
+- SwiGLU's silu(gate) * up (V3's --triton-swiglu) at 8192 x 2816 (the medium
+  preset's MLP) on the gate/up GEMM's output, against version 2's maths on its two
+  halves, eager and compiled. Minimum bytes: 8 * M * N * elem (gate_up read twice,
+  y and dy, the gradient of gate_up written).
 - Causal attention, b16 h16 s512 d64 and b4 h16 s2048 d128 (+ a GQA case),
   against F.scaled_dot_product_attention: time ratio (SDPA time / ours, > 1 means
   ours is faster) and TFLOP/s in the attention-kernel convention: 4*B*H*N^2*D
-  for the forward, halved because causal, backward = 2.5x forward.
+  for the forward, halved because causal, backward = 2.5x forward. Beside them,
+  the same attention with RoPE: inside the kernels, as a kernel first, and on
+  the QKV GEMM's output with its gradient gathered by autograd or written whole
+  (qkv_attention, V3's default).
 
 Timing: triton.testing.do_bench, median, L2 cache flushed before every run.
 When a call's Python and launch work takes longer than its kernels, do_bench
@@ -69,6 +76,7 @@ NORM_SHAPES = {"full": [(16384, 1024)], "quick": [(64, 96)]}
 SWIGLU_SHAPES = {"full": [(8192, 2816)], "quick": [(64, 80)]}  # rows x ffn (medium: 16 x 512, 2816)
 ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16, 16, 4, 512, 64)],
                     "quick": [(1, 2, 1, 40, 32), (1, 4, 4, 33, 16)]}
+KINDS = ("rmsnorm", "add_rmsnorm", "swiglu", "attention")  # the result's row lists, in order
 TARGETS = {"rmsnorm_copy_fraction": 0.6, "swiglu_copy_fraction": 0.7,
            (16, 16, 16, 512, 64): 0.8, (4, 16, 16, 2048, 128): 0.7}  # SDPA time / ours
 
@@ -355,23 +363,21 @@ def report(result: dict) -> str:
              f"(device-to-device copy, bytes read + written)", ""]
     header = (f"  {'shape':26s} {'impl':26s} {'fwd ms':>8s} {'bwd ms':>8s} {'f+b ms':>8s} "
               f"{'graph ms':>8s} ")
-    lines += ["RMSNorm forward+backward; GB/s from the minimal bytes "
-              "(5*M*N*elem + 8*M + 3*N*elem), f+b time", header + f"{'GB/s':>7s} {'% copy':>6s}"]
-    for r in result["rmsnorm"]:
-        share = r["copy_fraction"] and 100 * r["copy_fraction"]
-        lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
-    lines += ["", "Residual add + RMSNorm forward+backward (x, h fp32; delta, y in the dtype "
-              "shown);", "GB/s from the minimal bytes ((20 + 4*elem)*M*N + 8*M + 12*N), f+b time",
-              header + f"{'GB/s':>7s} {'% copy':>6s}"]
-    for r in result["add_rmsnorm"]:
-        share = r["copy_fraction"] and 100 * r["copy_fraction"]
-        lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
-    lines += ["", "SwiGLU's silu(gate) * up forward+backward on the gate/up GEMM's output; GB/s from "
-              "the minimal bytes (8*M*N*elem), f+b time", header + f"{'GB/s':>7s} {'% copy':>6s}"]
-    for r in result["swiglu"]:
-        share = r["copy_fraction"] and 100 * r["copy_fraction"]
-        lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
-    lines += ["", "Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b time "
+    # The memory-bound kernels: GB/s from each one's minimal bytes, and its share of copy.
+    for kind, title in (("rmsnorm", ["RMSNorm forward+backward; GB/s from the minimal bytes "
+                                     "(5*M*N*elem + 8*M + 3*N*elem), f+b time"]),
+                        ("add_rmsnorm", ["Residual add + RMSNorm forward+backward (x, h fp32; "
+                                         "delta, y in the dtype shown);", "GB/s from the minimal "
+                                         "bytes ((20 + 4*elem)*M*N + 8*M + 12*N), f+b time"]),
+                        ("swiglu", ["SwiGLU's silu(gate) * up forward+backward on the gate/up "
+                                    "GEMM's output; GB/s from the minimal bytes (8*M*N*elem), "
+                                    "f+b time"])):
+        lines += [*title, header + f"{'GB/s':>7s} {'% copy':>6s}"]
+        for r in result[kind]:
+            share = r["copy_fraction"] and 100 * r["copy_fraction"]
+            lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
+        lines.append("")
+    lines += ["Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b time "
               "(kernel convention)", header + f"{'TFLOP/s':>7s} {'SDPA/ours':>9s}"]
     for r in result["attention"]:
         lines.append(row(r, f"{fmt(r['tflops'], '7.1f')} "
@@ -380,12 +386,12 @@ def report(result: dict) -> str:
               "work the GPU waits for);", "  'host' = Python + launch time per call (GPU not "
               "waited for); host > graph (GPU-only time) means host-bound.",
               f"  {'shape':26s} {'impl':26s} {'extra ms':>8s} {'host ms':>8s} {'graph ms':>8s}"]
-    for r in result["rmsnorm"] + result["add_rmsnorm"] + result["swiglu"] + result["attention"]:
+    every = [r for kind in KINDS for r in result[kind]]
+    for r in every:
         lines.append(f"  {r['shape'] + ' ' + r['dtype']:26s} {r['impl'][:26]:26s} "
                      f"{fmt(r['fwd_bwd_extra_ms'], '+.3f'):>8s} {fmt(r['fwd_bwd_host_ms']):>8s} "
                      f"{fmt(r['fwd_bwd_graph_ms']):>8s}")
-    errors = {r["fwd_bwd_graph_error"]
-              for r in result["rmsnorm"] + result["add_rmsnorm"] + result["swiglu"] + result["attention"]
+    errors = {r["fwd_bwd_graph_error"] for r in every
               if r["fwd_bwd_graph_error"] and result["device"]["type"] != "cpu"}
     lines += [f"  graph replay failed: {e}" for e in sorted(errors)]
     lines += ["", "launch configurations used:"]
@@ -447,7 +453,7 @@ def run(args) -> dict:
                   "timing": "triton.testing.do_bench median, L2 flushed; graph = CUDA/HIP graph "
                             "replay of f+b (no host launch overhead); host = wall-clock Python + "
                             "launch time per f+b call, GPU not waited for; extra = f+b - fwd - bwd"},
-              "rmsnorm": [], "add_rmsnorm": [], "swiglu": [], "attention": []}
+              **{kind: [] for kind in KINDS}}
     for rows, cols in NORM_SHAPES[size] if args.kernels in ("all", "rmsnorm") else []:
         result["rmsnorm"] += bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
         result["add_rmsnorm"] += bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs)
