@@ -14,7 +14,8 @@
 # complete one is skipped. A row that would repeat a run of the medium comparison (the V3 eager
 # baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
 # time (--list) comes from runs on an H200; where one command may run only so long, run the
-# steps a few at a time, each command continuing where the last stopped. The README table needs `env compare-medium publish`.
+# steps a few at a time, each command continuing where the last stopped. The README table
+# needs `env compare-medium publish`.
 # The last two steps assemble the published set and check it:
 #   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
 #             and results/published/<gpu>.tgz, the same files in one archive
@@ -114,7 +115,8 @@ say() { echo "[$(printf '%3d:%02d' $(((SECONDS - start) / 60)) $(((SECONDS - sta
 have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
 finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
-# train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists)
+# train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists),
+# with the flags a compare_versions run has, so a row and a comparison's run compare
 OK_EXIT=3
 train() {
     local dir=$1 name=$2 script=$3; shift 3
@@ -123,7 +125,7 @@ train() {
     mkdir -p "$W/$dir"
     echo "== $name: $script $*" >> "$W/$dir/runs.log"
     if timeout 300 $PY "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
-            --log-every "$STEPS" --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1; then
+            --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1; then
         say "   $dir/$name ok"
     else
         local rc=$?
@@ -149,6 +151,7 @@ from_compare() {
     fi
 }
 
+COMPARISONS=(medium small large)  # the presets of the compare-* steps
 V1=version1_baseline/tiny_llama_v1.py
 V2=version2_fused/tiny_llama_v2.py
 V3=version3_triton/tiny_llama_v3.py
@@ -276,7 +279,7 @@ run_step() {
             grep -E "^(ran|skipped|failed):" "$W/flops/$v.log" | sed "s/^/   flops\/$v /" | tee -a "$LOG"
         done ;;
     publish)
-        for preset in medium small large; do
+        for preset in "${COMPARISONS[@]}"; do
             if [ -f "$W/compare_$preset.json" ] && ! finished "$W/compare_$preset.json"; then
                 say "   compare_$preset.json is incomplete: run compare-$preset again before publishing it"
                 failed=1
@@ -289,7 +292,7 @@ run_step() {
             return
         fi
         local pairs=()
-        for preset in medium small large; do
+        for preset in "${COMPARISONS[@]}"; do
             [ -f "$BASELINE/compare_$preset.json" ] && [ -f "$PUB/compare_$preset.json" ] \
                 && pairs+=("$preset")
         done
