@@ -44,6 +44,21 @@ def run_cli(args, cwd=REPO, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def poisoned_kernels(monkeypatch):
+    """V3's Triton kernels with NaN-filled outputs (an element a kernel forgets to write
+    fails the comparison), no autotuning (on a GPU it would compile every candidate again
+    for each odd test shape) and no launch configuration forced from Python or the
+    environment. Modules of kernel tests use it for every test (pytestmark)."""
+    from version3_triton.kernels import common, configs
+
+    monkeypatch.setattr(common, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(configs, "AUTOTUNE", False)
+    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
+    for name in configs.ENV_NAMES.values():
+        monkeypatch.delenv(name, raising=False)
+
+
 def aten_ops_of(run) -> set:
     """The names of the aten operators PyTorch dispatches while run() runs."""
     from torch.utils._python_dispatch import TorchDispatchMode

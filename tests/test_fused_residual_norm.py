@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from conftest import HAS_GPU, load_version, run_cli
-from test_triton_kernels import assert_matches, poisoned_outputs_no_autotuning  # noqa: F401
+from test_triton_kernels import assert_matches
 from test_v3_model import (SCRIPTS, assert_within_2x, config, errors,  # noqa: F401
                            no_autotuning, results, scales, v1_and_v3)
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import rmsnorm  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 DEVICE = "cuda" if HAS_GPU else "cpu"
 F32, F16 = torch.float32, torch.float16
 

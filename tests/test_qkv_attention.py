@@ -14,9 +14,11 @@ from conftest import aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common  # noqa: E402
-from test_rope_in_attention import (SHAPES, TOLERANCE, assert_compiles_like_eager,  # noqa: E402,F401
+from test_rope_in_attention import (SHAPES, TOLERANCE, assert_compiles_like_eager,  # noqa: E402
                                     assert_matches, counted_flops, forward_backward, max_error,
-                                    poisoned_outputs_no_autotuning, qkv_inputs, reference, unfused)
+                                    qkv_inputs, reference, unfused)
+
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
 
 def whole(qkv, cos, sin, heads, kv_heads):

@@ -25,15 +25,7 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 ATTENTION_KERNELS = ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
 
 
-@pytest.fixture(autouse=True)
-def poisoned_outputs_no_autotuning(monkeypatch):
-    """NaN-filled outputs (an element a kernel forgets to write fails the comparison),
-    no autotuning, no forced configs from the environment."""
-    monkeypatch.setattr(common, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(configs, "AUTOTUNE", False)
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
-    for kernel in ATTENTION_KERNELS + ("rope",):
-        monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
 
 # ---- inputs: the QKV GEMM's output, the tables ------------------------------------

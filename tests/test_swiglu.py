@@ -11,20 +11,14 @@ import torch
 from conftest import HAS_GPU, aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, configs  # noqa: E402
+from version3_triton.kernels import common  # noqa: E402
 from version3_triton.kernels.swiglu import swiglu_reference  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
-@pytest.fixture(autouse=True)
-def poisoned_outputs_no_autotuning(monkeypatch):
-    monkeypatch.setattr(common, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(configs, "AUTOTUNE", False)
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
-    for kernel in ("swiglu_fwd", "swiglu_bwd"):
-        monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
 
 def v2_silu_mul(gate_up):

@@ -25,15 +25,7 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = list(tk.KERNEL_NAMES)
 
 
-@pytest.fixture(autouse=True)
-def poisoned_outputs_no_autotuning(monkeypatch):
-    """NaN-filled outputs. No autotuning: on a GPU it would compile every candidate
-    again for each odd test shape (test_gpu_every_config_* runs each of them)."""
-    monkeypatch.setattr(common, "POISON_OUTPUTS", True)
-    monkeypatch.setattr(configs, "AUTOTUNE", False)
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
-    for kernel in KERNELS:
-        monkeypatch.delenv(f"V3_{kernel.upper()}_CONFIG", raising=False)
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
 
 # ---- references (float64, the textbook maths of version 1) -----------------------
