@@ -43,7 +43,8 @@ DIFFS = {
          V2, ["Attention.attend"], V3, ["TritonAttention.attend"]),
         ("RMSNorm: torch's fused kernel -> our Triton kernel (writes the autocast dtype)",
          V2, ["RMSNorm.forward"], V3, ["TritonRMSNorm.forward", "TritonRMSNorm.out_dtype"]),
-        ("RoPE: eight PyTorch operations for q and again for k -> inside the attention kernels",
+        ("RoPE: eight PyTorch operations for q and again for k -> one Triton kernel for both, "
+         "one autograd step with attention (or inside the attention kernels)",
          V2, ["Attention.forward", "apply_rope"], V3, ["TritonAttention.forward"]),
         ("Residual adds: a separate add before each norm -> inside the norm's kernels",
          V2, ["Block.forward", "TinyLlama.forward"], V3,

@@ -355,7 +355,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
                                       COS, SIN, stride_table, HEAD_DIM, BLOCK_D, BLOCK_M, False,
                                       DOT_PRECISION, ROTATE, BLOCK_HALF)
     dk *= sm_scale  # the chain rule through S = scale * Q K^T
-    # dK and dV may be heads of a larger tensor (the QKV gradient): its heads from dk_head0, dv_head0.
+    # dK and dV may be heads of a larger tensor (the QKV gradient), from dk_head0 and dv_head0 on.
     _store_qk_grad(DK + b * stride_dkb + (dk_head0 + kv_h) * stride_dkh, stride_dkt, dk, offs_n,
                    N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF,
                    ROTATE)
@@ -560,8 +560,9 @@ def _grad_slot(grad, like: torch.Tensor) -> tuple:
         base, head0 = grad
         if (base.dim() != 4 or (base.shape[0], base.shape[1], base.shape[3]) != (B, T, D)
                 or not 0 <= head0 <= base.shape[2] - heads or base.stride(-1) != 1):
-            raise ValueError(f"no room for heads {head0}..{head0 + heads - 1} of a {tuple(like.shape)} "
-                             f"gradient in a (B, T, heads, D) tensor of shape {tuple(base.shape)}")
+            raise ValueError(f"no room for heads {head0}..{head0 + heads - 1} of a "
+                             f"{tuple(like.shape)} gradient in a (B, T, heads, D) tensor of shape "
+                             f"{tuple(base.shape)}")
         return base, (base.stride(0), base.stride(2), base.stride(1)), head0
     if grad.shape != like.shape or grad.stride(-1) != 1:
         raise ValueError(f"a gradient of shape {tuple(like.shape)} with a contiguous last dim "
