@@ -1,7 +1,7 @@
 """Publish measured results: one data set per GPU model, and the docs generated from it.
 
     python tools/publish.py                 # fill every published block from docs/published/
-    python tools/publish.py --check         # exit 1 if a block or docs/RESULTS.md is out of date
+    python tools/publish.py --check         # exit 1 if a block or a RESULTS.md is out of date
     python tools/publish.py collect WORK OUT   # (benchmarks/reproduce.sh's publish step)
     python tools/publish.py compare-row REPORT VERSION MODE OUT   # (reproduce: a comparison's run as a row)
 
@@ -405,7 +405,10 @@ def debug_block(s: dict) -> str:
         return PLACEHOLDER
     rows = [[str(o["stage"]), {True: "yes", False: "no", None: "n/a"}[o.get("tripped")], o["symptom"]]
             for o in outcomes]
-    stages = _rows("debug", [(f"stage {n} {tag}", f"stage{n}_{tag}") for n in range(1, 6) for tag in ("broken", "fixed")])
+    # Stage 4's broken run stops at the gradient guard (exit 5); the same run without the
+    # guard is what an unguarded harness would have published.
+    stages = _rows("debug", [(f"stage {n} {tag.replace('_', ' ')}", f"stage{n}_{tag}") for n in range(1, 6)
+                             for tag in ("broken", "no_guard", "fixed")])
     return (table(["stage", "check tripped", "symptom"], rows) + "\n\n"
             + row_table(s, [r for r in stages if r[1] in s["rows"]], cols=("tok/s", "step ms", "fwd / bwd / opt ms", "final loss")))
 
@@ -555,6 +558,8 @@ def publish(check: bool, gpu: str = PRIMARY_GPU) -> int:
     stale = []
     targets = {p: fill(p.read_text(), s) for p in markdown_files() if BLOCK.search(p.read_text())}
     targets[REPO / "docs" / "RESULTS.md"] = results_page(s, image_dir=f"published/{gpu}/")
+    if s:  # the set's own page, from the same data and the same text
+        targets[PUBLISHED / gpu / "RESULTS.md"] = results_page(s, image_dir="")
     for path, new in targets.items():
         old = path.read_text() if path.exists() else None
         if old != new:

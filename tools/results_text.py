@@ -37,9 +37,13 @@ def page(s: dict | None, image_dir: str, render) -> str:
 
     v1, v4 = speed(s, "medium", "v1", "eager") if s else {}, best(s, "medium", "v4") if s else {}
     peer = speed(s, "medium", "hf", "compile") if s else {}
+    top = max((best(s, "medium", v) for v in ("v1", "v2", "v3", "v4")), default={},
+              key=lambda r: r.get("tokens_per_s") or 0) if s else {}
     out += ["## Every version, medium preset", "",
-            (f"V4 at its best ({MODE_NAMES.get(v4.get('mode'), '-')}) trains {ratio(v4, v1)} as fast as "
-             f"V1 and {ratio(v4, peer)} as fast as the compiled Hugging Face peer." if s and v4 else ""), "",
+            (f"{top['version'].upper()} at its best ({MODE_NAMES.get(top.get('mode'), '-')}) is the fastest "
+             f"version: {ratio(top, v1)} as fast as V1 and {ratio(top, peer)} as fast as the compiled "
+             f"Hugging Face peer" + ("." if top is v4 else f"; V4 at its best, {ratio(v4, v1)} and {ratio(v4, peer)}.")
+             if s and v4 else ""), "",
             block("compare-medium"), "", _caption(s, "medium"), "",
             image("compare_medium_throughput.png", "tokens/s per version, medium preset"),
             image("compare_medium_step_time.png", "step time split into forward, backward, optimizer"), "",
@@ -98,17 +102,22 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "(SiLU*mul and its backward, RoPE, residual adds), attention, the norms and the optimizer. "
             "The elementwise kernels already run near copy bandwidth, so making them faster gains "
             "little: what pays is removing passes altogether, by fusing across operator boundaries "
-            "(V3's residual add + RMSNorm below), and the GEMMs (their shapes reach a fraction of the "
-            "square-matrix ceiling).", "",
+            "(V3's residual add + RMSNorm below). The GEMMs are the vendor BLAS's: divide the model's "
+            "matmul FLOPs by the `gemm` time to see how close they already run to the measured "
+            "ceiling below (the probe runs GEMMs back to back; in a step they alternate with "
+            "memory-bound kernels).", "",
             "For contrast, V1 medium eager (what exercise V1-1 reads):", "", block("v1-profile"), ""]
 
     out += ["## What did not help", "",
-            "Fusing two GEMMs into one is not always faster. V4 with `--no-fused-gate-up` keeps gate and "
-            "up as two GEMMs with two gradient tensors, and Inductor then writes each gradient on its own "
-            "instead of building their concatenation inside the SiLU*mul backward kernel:", "",
+            "Fusing two GEMMs into one does not pay by itself once the step is compiled. V4 with "
+            "`--no-fused-gate-up` keeps gate and up as two GEMMs with two gradient tensors, and "
+            "Inductor then writes each gradient on its own instead of building their concatenation "
+            "inside the SiLU*mul backward kernel:", "",
             block("gate-up"), "",
-            "The fused layout stays the default (V4 is V2's fusions plus SDPA); the flag is there to "
-            "measure the counter-example. Interleaving the gate and up rows, so one kernel reads both "
+            "Without the fusion" + _verdict(s, "v4_graphs_master_no_fused_gate_up", "v4_graphs_master", 0.03).replace(": here its row", ", the row")
+            + ": one wide GEMM instead of two narrower ones gains little at these shapes, and the "
+            "gradient concatenation it needs costs about as much. The fused layout stays the default "
+            "(V4 is V2's fusions plus SDPA); the flag is there to measure the counter-example. Interleaving the gate and up rows, so one kernel reads both "
             "halves side by side, only moves strided loads into the forward and is not shipped.", ""]
 
     out += ["## Version 3's fusions", "",
@@ -120,15 +129,17 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "a gradient kernel backward, and the step is shorter for it. Writing the QKV gradient "
             "in one piece removes autograd's gathering of q's, k's and v's gradients (a read and a "
             "write of the layer's largest activation gradient; the kernel table's \"on QKV\" rows "
-            "time it alone). `--triton-swiglu` runs SiLU(gate) * up as our own kernel each way, "
-            "against the one Inductor generates; it is off unless its row is the faster. RoPE inside "
-            "attention pays only where the host is the bottleneck (eager: two launches fewer per "
-            "layer each way; eager rows are paced by the host and move from one process to the "
-            "next, so this pair shows the direction more than the size): on the GPU, the kernel "
-            "table below shows the rotating attention "
-            "slower than the RoPE kernel plus attention, since every reload of a q or k tile redoes "
-            "the rotation and the extra registers rule out the largest tiles. It stays an eager-only "
-            "option (`--rope-in-attention`), off by default.", ""]
+            "time it alone). `--triton-swiglu` (off by default) runs SiLU(gate) * up as our own "
+            "kernel each way, against the one Inductor generates" + _verdict(s, "v3_graphs_master_triton_swiglu", "v3_graphs_master", 0.03)
+            + " (the kernel table's SwiGLU rows time the operation alone, each way, with its gradient "
+            "written whole or gathered by autograd). RoPE inside attention "
+            "saves two launches per layer each way, which only a host-bound run can feel; eager rows "
+            "are paced by the host and move by tens of percent from one process to the next, so the "
+            "eager pair cannot settle it" + _verdict(s, "v3_eager_rope_in_attention", "v3_eager", 0.3)
+            + ". On the GPU the kernel table below shows the rotating attention slower than the RoPE "
+            "kernel plus attention, since every reload of a q or k tile redoes the rotation and the "
+            "extra registers rule out the largest tiles. It stays an eager-only option "
+            "(`--rope-in-attention`), off by default.", ""]
 
     out += ["## Version 3's kernels against PyTorch", "",
             "`python version3_triton/bench_kernels.py`: forward and backward of each kernel, "
@@ -219,3 +230,16 @@ def _squeeze(lines):
             continue
         blank = line == ""
         yield line
+
+
+
+def _verdict(s: dict | None, row: str, default_row: str, noise: float) -> str:
+    """': here its row is 1.8% faster than the default[, a difference ...]', from two fusion rows;
+    noise: how far apart two runs of one unchanged row of this kind can be."""
+    rows = (s or {}).get("rows", {})
+    on, off = rows.get(f"fusion/{row}", {}), rows.get(f"fusion/{default_row}", {})
+    if not (on.get("ok") and off.get("ok") and on.get("tokens_per_s") and off.get("tokens_per_s")):
+        return ""
+    change = on["tokens_per_s"] / off["tokens_per_s"] - 1
+    verdict = f": here its row is {abs(change) * 100:.1f}% {'faster' if change > 0 else 'slower'} than the default"
+    return verdict + (", a difference that two runs of one row can show" if abs(change) < noise else "")
