@@ -2,10 +2,15 @@
 baseline (a results JSON, or a folder of them) within tolerances.
 
 Runs are matched by what defines them (version, model, shape, precision,
-compile, checkpointing); each matched pair is checked on throughput (higher is
-better), peak memory and final loss (lower is better), and the gradient guard
-must still pass. Any check beyond tolerance is a regression: it is named, and
-the command exits 1 - ready for CI.
+compile, checkpointing, the version's options); each matched pair is checked on
+throughput (higher is better), peak memory and final loss (lower is better),
+and the gradient guard must still pass. Any check beyond tolerance is a
+regression: it is named, and the command exits 1 - ready for CI.
+
+A version whose options changed (a new switch, a new default) still publishes
+the same row: a new run without an exact match is checked against the one
+baseline run that differs from it only in options, and a note names the
+options that differ - so a changed default cannot hide a slower row.
 
 Results JSONs and benchmarks/compare_versions.py JSONs both work (a comparison
 counts as one median run per version and mode); `bash benchmarks/reproduce.sh`
@@ -36,14 +41,47 @@ METRICS = {  # name: (how to read it, +1 if higher is better else -1)
 }
 
 
-def match_key(r: dict) -> tuple:
-    """Everything that defines a run; the final loss also needs the same data, seed and steps."""
+def row_key(r: dict) -> tuple:
+    """What a published row is: version, model and run settings (the final loss also needs the
+    same data, seed and steps) - everything but the version's own options."""
     run = r["run"]
     settings = ("batch_size", "seq_len", "precision", "compile", "compile_mode", "optimizer",
                 "grad_checkpoint", "grad_accum", "world_size", "data", "seed", "num_steps",
                 "learning_rate")
-    return (r["version"], tuple(sorted(r["config"].items())), *(run.get(k) for k in settings),
-            tuple(sorted((k, str(v)) for k, v in r["options"].items())))
+    return (r["version"], tuple(sorted(r["config"].items())), *(run.get(k) for k in settings))
+
+
+def options_of(r: dict) -> dict:
+    return {k: str(v) for k, v in r["options"].items()}
+
+
+def match_key(r: dict) -> tuple:
+    """Everything that defines a run: its row and the version's options."""
+    return (*row_key(r), tuple(sorted(options_of(r).items())))
+
+
+def options_changed(old: dict, new: dict) -> str:
+    """'fused_qkv_grad: (none) -> True, ...': the options two runs of one row differ in."""
+    a, b = options_of(old), options_of(new)
+    return ", ".join(f"{k}: {a.get(k, '(none)')} -> {b.get(k, '(none)')}"
+                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+
+def find_baseline(r: dict, by_key: dict, by_row: dict) -> tuple[dict | None, str | None]:
+    """(the baseline run to check r against, a note or None). by_row holds the baseline runs
+    of each row that no new run matches exactly (a run with other options is another row's
+    variant, e.g. a fusion switched off, when the default it differs from was run too)."""
+    label = run_label(r)
+    if match_key(r) in by_key:
+        return by_key[match_key(r)], None
+    candidates = by_row.get(row_key(r), [])
+    if len(candidates) == 1:
+        return candidates[0], (f"{label}: options differ from the baseline run's "
+                               f"({options_changed(candidates[0], r)}) - checked as the same row")
+    if candidates:
+        return None, (f"{label}: {len(candidates)} baseline runs differ from it only in options "
+                      "and none matches it exactly - skipped")
+    return None, f"{label}: no baseline run with the same version, config, data and settings - skipped"
 
 
 def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -54,13 +92,18 @@ def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None)
         raise AnalysisError(f"unknown tolerance {', '.join(sorted(unknown))} "
                             f"(use {', '.join(METRICS)})")
     by_key = {match_key(b): b for b in baseline}
+    matched = {match_key(r) for r in new}
+    by_row: dict[tuple, list[dict]] = {}
+    for b in baseline:
+        if match_key(b) not in matched:
+            by_row.setdefault(row_key(b), []).append(b)
     rows, notes = [], []
     for r in new:
         label = run_label(r)
-        base = by_key.get(match_key(r))
+        base, note = find_baseline(r, by_key, by_row)
+        if note:
+            notes.append(note)
         if base is None:
-            notes.append(f"{label}: no baseline run with the same version, config, data and "
-                         "settings - skipped")
             continue
         if base["device"]["name"] != r["device"]["name"]:
             notes.append(f"{label}: baseline ran on {base['device']['name']}, this on "

@@ -317,3 +317,24 @@ def test_regress_passes_on_identical_and_names_regressions(v1, v1_path, tmp_path
     other = variant(v1, tmp_path / "other.json", **{"run.batch_size": 64})
     assert other
     assert_one_line_error(cli("regress", "--baseline", v1_path, tmp_path / "other.json"))
+
+
+def test_regress_checks_a_row_whose_options_changed(v1):
+    """A new default (a new switch) still publishes the same row: a slower run with other
+    options is a regression, named with the options it differs in. Where the baseline has a
+    run with the new options too, that is the one it is checked against."""
+    from analysis_tools.regress import check
+    base = {**v1, "options": {"fused_norm": True}}
+    slow = {**v1, "options": {"fused_norm": True, "fused_qkv_grad": True},
+            "throughput": {**v1["throughput"], "tokens_per_s": v1["throughput"]["tokens_per_s"] * 0.8}}
+    table, notes = check([base], [slow])
+    assert "REGRESSED" in set(table[table["metric"] == "throughput"]["status"])
+    assert any("fused_qkv_grad: (none) -> True" in n for n in notes), notes
+    # A fusion switched off beside its default in both sets: each checked against its own run.
+    table, notes = check([base, slow], [base, slow])
+    assert set(table["status"]) == {"ok"} and not notes
+    # Two baseline runs that differ from the new one only in options: which row it is, is unknown.
+    other = {**v1, "options": {"fused_norm": False}}
+    new = {**v1, "options": {"fused_norm": True, "triton_swiglu": True}}
+    with pytest.raises(Exception, match="nothing to compare"):
+        check([base, other], [new])
