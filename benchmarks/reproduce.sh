@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 33 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 25 minutes on an H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -54,20 +54,20 @@ export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large publish regress)
 describe_step() {
     case $1 in
-        env)            echo "~0.2 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~7 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
-        compare-small)  echo "~4 min    compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
-        kernels)        echo "~2 min    kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
-        analysis)       echo "~2 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
-        debug)          echo "~1.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
-        memory)         echo "~1.5 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
+        env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
+        compare-medium) echo "~5 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
+        compare-small)  echo "~2.5 min  compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
+        kernels)        echo "~2.2 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
+        analysis)       echo "~1 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
+        debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
+        memory)         echo "~1.3 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
         levers)         echo "~1 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
-        fusion)         echo "~5 min    fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
-        blocks)         echo "~0.7 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
-        sdpa)           echo "~0.7 min  sdpa/: V4 medium with each SDPA backend" ;;
-        compare-large)  echo "~5 min    compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU; the time is an estimate)" ;;
-        flops)          echo "~1.5 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
-        publish)        echo "~0.3 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
+        fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
+        blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
+        sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
+        compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
+        flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
+        publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac
 }
