@@ -114,11 +114,13 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "Inductor then writes each gradient on its own instead of building their concatenation "
             "inside the SiLU*mul backward kernel:", "",
             block("gate-up"), "",
-            "Without the fusion" + _verdict(s, "v4_graphs_master_no_fused_gate_up", "v4_graphs_master", 0.03).replace(": here its row", ", the row")
+            "Without the fusion"
+            + _verdict(s, "v4_graphs_master_no_fused_gate_up", "v4_graphs_master", 0.03).replace(
+                ": here its row", ", the row")
             + ": one wide GEMM instead of two narrower ones gains little at these shapes, and the "
             "gradient concatenation it needs costs about as much. The fused layout stays the default "
-            "(V4 is V2's fusions plus SDPA); the flag is there to measure the counter-example. Interleaving the gate and up rows, so one kernel reads both "
-            "halves side by side, only moves strided loads into the forward and is not shipped.", ""]
+            "(V4 is V2's fusions plus SDPA); the flag is there to measure the counter-example. "
+            "Interleaving the gate and up rows, so one kernel reads both halves side by side, only moves strided loads into the forward and is not shipped.", ""]
 
     out += ["## Version 3's fusions", "",
             "Each fusion of V3 against V3 without it, whole training step, medium preset: the "
@@ -130,7 +132,8 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "in one piece removes autograd's gathering of q's, k's and v's gradients (a read and a "
             "write of the layer's largest activation gradient; the kernel table's \"on QKV\" rows "
             "time it alone). `--triton-swiglu` (off by default) runs SiLU(gate) * up as our own "
-            "kernel each way, against the one Inductor generates" + _verdict(s, "v3_graphs_master_triton_swiglu", "v3_graphs_master", 0.03)
+            "kernel each way, against the one Inductor generates"
+            + _verdict(s, "v3_graphs_master_triton_swiglu", "v3_graphs_master", 0.03)
             + " (the kernel table's SwiGLU rows time the operation alone, each way, with its gradient "
             "written whole or gathered by autograd). RoPE inside attention "
             "saves two launches per layer each way, which only a host-bound run can feel; eager rows "
