@@ -14,9 +14,9 @@ from conftest import aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common  # noqa: E402
-from test_rope_in_attention import (SHAPES, TOLERANCE, assert_compiles_like_eager,  # noqa: E402
-                                    assert_matches, counted_flops, forward_backward, max_error,
-                                    qkv_inputs, reference, unfused)
+from test_rope_in_attention import (SHAPES, assert_compiles_like_eager,  # noqa: E402
+                                    assert_matches_fp64_and_the_separate_steps, counted_flops,
+                                    forward_backward, max_error, qkv_inputs, reference, unfused)
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
@@ -29,14 +29,7 @@ def whole(qkv, cos, sin, heads, kv_heads):
 @pytest.mark.parametrize("shape", SHAPES + [(2, 4, 1, 67, 32)],
                          ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
 def test_qkv_attention_matches_fp64_and_the_separate_steps(shape, dtype):
-    qkv, grad, cos, sin = qkv_inputs(*shape)
-    heads, kv_heads = shape[1:3]
-    got = forward_backward(whole, qkv, grad, cos, sin, heads, kv_heads, dtype)
-    want = forward_backward(reference, qkv, grad, cos, sin, heads, kv_heads, torch.float64)
-    assert_matches(got, want, TOLERANCE[dtype], "float64")
-    separate = forward_backward(unfused, qkv, grad, cos, sin, heads, kv_heads, dtype)
-    assert_matches(got, separate, TOLERANCE[dtype], "RoPE kernel + flash_attention")
-    assert got[0].transpose(1, 2).is_contiguous()  # (B, T, H, D) memory, as flash_attention's
+    assert_matches_fp64_and_the_separate_steps(whole, shape, dtype)
 
 
 def backward_ops(fn) -> set:

@@ -106,14 +106,20 @@ SHAPES = [(1, 2, 2, 17, 32), (2, 4, 2, 33, 64), (1, 4, 2, 17, 16)]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
 def test_rope_in_attention_matches_fp64_and_the_unfused_path(shape, dtype):
+    assert_matches_fp64_and_the_separate_steps(fused, shape, dtype)
+
+
+def assert_matches_fp64_and_the_separate_steps(fn, shape, dtype):
+    """fn(qkv, cos, sin, heads, kv_heads) against float64 PyTorch and against the RoPE
+    kernel + flash_attention in the same dtype; its output laid out as (B, T, H, D)."""
     qkv, grad, cos, sin = qkv_inputs(*shape)
     heads, kv_heads = shape[1:3]
-    got = forward_backward(fused, qkv, grad, cos, sin, heads, kv_heads, dtype)
+    got = forward_backward(fn, qkv, grad, cos, sin, heads, kv_heads, dtype)
     want = forward_backward(reference, qkv, grad, cos, sin, heads, kv_heads, torch.float64)
     assert_matches(got, want, TOLERANCE[dtype], "float64")
     separate = forward_backward(unfused, qkv, grad, cos, sin, heads, kv_heads, dtype)
     assert_matches(got, separate, TOLERANCE[dtype], "RoPE kernel + flash_attention")
-    assert got[0].transpose(1, 2).is_contiguous()  # (B, T, H, D) memory, as without RoPE
+    assert got[0].transpose(1, 2).is_contiguous()  # (B, T, H, D) memory, as flash_attention's
 
 
 def test_rope_in_attention_across_several_tiles(monkeypatch):
