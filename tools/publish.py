@@ -589,8 +589,8 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
         print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
         return 1
     median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(median["result"], indent=1) + "\n")
+    from harness.results import write_atomic  # a row reproduce finds is never half-written
+    write_atomic(out, median["result"])
     return 0
 
 

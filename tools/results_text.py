@@ -115,8 +115,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "inside the SiLU*mul backward kernel:", "",
             block("gate-up"), "",
             "Without the fusion"
-            + _verdict(s, "v4_graphs_master_no_fused_gate_up", "v4_graphs_master", 0.03).replace(
-                ": here its row", ", the row")
+            + _verdict(s, "v4_graphs_master_no_fused_gate_up", "v4_graphs_master", 0.03, ", the row")
             + ": one wide GEMM instead of two narrower ones gains little at these shapes, and the "
             "gradient concatenation it needs costs about as much. The fused layout stays the default "
             "(V4 is V2's fusions plus SDPA); the flag is there to measure the counter-example. "
@@ -236,13 +235,14 @@ def _squeeze(lines):
 
 
 
-def _verdict(s: dict | None, row: str, default_row: str, noise: float) -> str:
-    """': here its row is 1.8% faster than the default[, a difference ...]', from two fusion rows;
+def _verdict(s: dict | None, row: str, default_row: str, noise: float,
+             lead: str = ": here its row") -> str:
+    """'<lead> is 1.8% faster than the default[, a difference ...]', from two fusion rows;
     noise: how far apart two runs of one unchanged row of this kind can be."""
     rows = (s or {}).get("rows", {})
     on, off = rows.get(f"fusion/{row}", {}), rows.get(f"fusion/{default_row}", {})
     if not (on.get("ok") and off.get("ok") and on.get("tokens_per_s") and off.get("tokens_per_s")):
         return ""
     change = on["tokens_per_s"] / off["tokens_per_s"] - 1
-    verdict = f": here its row is {abs(change) * 100:.1f}% {'faster' if change > 0 else 'slower'} than the default"
+    verdict = f"{lead} is {abs(change) * 100:.1f}% {'faster' if change > 0 else 'slower'} than the default"
     return verdict + (", a difference that two runs of one row can show" if abs(change) < noise else "")
