@@ -242,7 +242,7 @@ run_step() {
         from_compare fusion v3_graphs_master v3 reduce-overhead-master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
         train fusion v3_graphs_master_no_fused_residual_norm $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-residual-norm
         train fusion v3_graphs_master_no_fused_qkv_grad $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-qkv-grad
-        train fusion v3_graphs_master_triton_swiglu $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --triton-swiglu
+        train fusion v3_graphs_master_no_triton_swiglu $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-triton-swiglu
         from_compare fusion v3_eager v3 eager $V3 --preset $MEDIUM --precision bf16
         train fusion v3_eager_rope_in_attention $V3 --preset $MEDIUM --precision bf16 --rope-in-attention
         from_compare fusion v2_all_on v2 eager $V2 --preset $MEDIUM --precision bf16

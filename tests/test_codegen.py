@@ -4,8 +4,9 @@
 chooser can pick and reads registers, spills, LDS and matrix instructions from
 the compiler's output. On the GPUs the kernels are tuned for - MI200 (gfx90a),
 MI300X (gfx942), MI350 (gfx950), A100 (sm_80), H100/H200 (sm_90) - nothing the
-chooser can pick may spill registers or exceed shared memory, and attention must
-run on the matrix units. `make test` runs the workshop's case (bf16, head size 64);
+chooser can pick may spill registers (except where configs.SPILLS_THAT_PAY says a
+spilling tile was measured faster) or exceed shared memory, and attention must run on
+the matrix units. `make test` runs the workshop's case (bf16, head size 64);
 the full table (fp16, head size 128, every target) is marked slow:
 
     python -m pytest tests/test_codegen.py -m slow
@@ -20,6 +21,9 @@ import pytest
 from conftest import REPO, run_cli
 
 pytest.importorskip("triton", reason="needs triton")
+# (not version3_triton.codegen: importing it switches this process out of the interpreter)
+from version3_triton.kernels.configs import SPILLS_THAT_PAY  # noqa: E402
+
 TUNED = "gfx90a,gfx942,gfx950,sm_80,sm_90"
 
 
@@ -37,7 +41,10 @@ def check_tuned(table: dict) -> None:
     for r in rows:
         where = f"{r['target']} {r['kernel']} {r['dtype']} D{r['width']} {r['config']}"
         assert "error" not in r, f"{where}: {r['error']}"
-        assert r["spills"] == 0, f"{where}: spills {r['spills']}"
+        # NVIDIA architectures name their own configuration family ("sm_90")
+        measured_faster = (r["target"], r["kernel"], r["width"]) in SPILLS_THAT_PAY
+        if r.get("rope") or not measured_faster:
+            assert r["spills"] == 0, f"{where}: spills {r['spills']}"
         assert r["shared"] <= r["limit"], f"{where}: {r['shared']} bytes of shared memory"
         if r["kernel"].startswith("attn"):
             assert r["matrix"], f"{where}: no matrix instructions"

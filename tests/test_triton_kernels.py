@@ -436,14 +436,15 @@ def test_gpu_rope_low_precision_error_within_2x_pytorch(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("kernel", ["attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"])
-def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel):
+def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel, head_dim):
     """Each autotuning candidate, forced in turn, on a ragged GQA shape in bf16."""
-    inputs, grad = attention_inputs(2, 4, 2, 200, 64)
+    inputs, grad = attention_inputs(2, 4, 2, 200, head_dim)
     reference = forward_backward(attention_reference, inputs, grad, torch.float64)
     bound = [2 * e + 1e-3 * r.abs().max().item() for e, r in zip(
         pytorch_error(attention_reference, inputs, grad, torch.bfloat16, reference), reference)]
-    for config in configs.candidates(configs.SPECS[kernel], common.current_target(), 64, 2):
+    for config in configs.candidates(configs.SPECS[kernel], common.current_target(), head_dim, 2):
         monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: dict(config)})
         errors = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)

@@ -389,7 +389,7 @@ GATE_UP_ROWS = _rows("fusion", [("V4 graphs + master weights", "v4_graphs_master
 V3_FUSION_ROWS = _rows("fusion", [("V3 graphs + master weights", "v3_graphs_master"),
                                    ("the same, `--no-fused-residual-norm`", "v3_graphs_master_no_fused_residual_norm"),
                                    ("the same, `--no-fused-qkv-grad`", "v3_graphs_master_no_fused_qkv_grad"),
-                                   ("the same, `--triton-swiglu`", "v3_graphs_master_triton_swiglu"),
+                                   ("the same, `--no-triton-swiglu`", "v3_graphs_master_no_triton_swiglu"),
                                    ("V3 eager", "v3_eager"),
                                    ("the same, `--rope-in-attention`", "v3_eager_rope_in_attention")])
 BLOCK_ROWS = _rows("blocks", [("autotuned", "autotuned"), ("BLOCK_M=32, BLOCK_N=32, 4 warps, 2 stages", "fwd_M_32_N_32_warps_4_stages_2"),

@@ -123,16 +123,17 @@ def page(s: dict | None, image_dir: str, render) -> str:
 
     out += ["## Version 3's fusions", "",
             "Each fusion of V3 against V3 without it, whole training step, medium preset: the "
-            "residual add + RMSNorm kernels and the QKV gradient written in one piece in V3's best "
-            "mode, RoPE inside the attention kernels in eager mode (the only mode it runs in):", "",
+            "residual add + RMSNorm kernels, the QKV gradient written in one piece and the SwiGLU "
+            "kernels in V3's best mode, RoPE inside the attention kernels in eager mode (the only "
+            "mode it runs in):", "",
             block("v3-fusions"), "",
             "The residual add + RMSNorm removes a pass over the fp32 residual stream forward and "
             "a gradient kernel backward, and the step is shorter for it. Writing the QKV gradient "
             "in one piece removes autograd's gathering of q's, k's and v's gradients (a read and a "
             "write of the layer's largest activation gradient; the kernel table's \"on QKV\" rows "
-            "time it alone). `--triton-swiglu` (off by default) runs SiLU(gate) * up as our own "
-            "kernel each way, against the one Inductor generates"
-            + _verdict(s, "v3_graphs_master_triton_swiglu", "v3_graphs_master", 0.03)
+            "time it alone). SiLU(gate) * up runs as our own kernel each way, which writes the "
+            "gate/up gradient whole; `--no-triton-swiglu` gives it back to the kernel Inductor "
+            "generates" + _verdict(s, "v3_graphs_master_no_triton_swiglu", "v3_graphs_master", 0.03)
             + " (the kernel table's SwiGLU rows time the operation alone, each way, with its gradient "
             "written whole or gathered by autograd). RoPE inside attention "
             "saves two launches per layer each way, which only a host-bound run can feel; eager rows "

@@ -17,7 +17,7 @@ What is measured:
   the backward reads dy, the residual gradient dh_in (fp32) and h, and writes dh
   (fp32) and delta's gradient: (5 * 4 + 4 * elem) * M * N, plus 1/rms and the
   (fp32) weight as above.
-- SwiGLU's silu(gate) * up (V3's --triton-swiglu) at 8192 x 2816 (the medium
+- SwiGLU's silu(gate) * up (V3's kernels/swiglu.py) at 8192 x 2816 (the medium
   preset's MLP) on the gate/up GEMM's output, against version 2's maths on its two
   halves, eager and compiled. Minimum bytes: 8 * M * N * elem (gate_up read twice,
   y and dy, the gradient of gate_up written).

@@ -1,7 +1,7 @@
 """Version 3: V2's fused model with hand-written Triton kernels.
 
-Three operations of V2 are replaced by our own kernels (the kernels/ package),
-each with a forward AND a backward kernel (1-3), and two fusions cross the
+Four operations of V2 are replaced by our own kernels (the kernels/ package),
+each with a forward AND a backward kernel (1-3, 6), and two fusions cross the
 boundaries between operations that neither PyTorch nor torch.compile crosses (4-5):
 
 1. RMSNorm: one read of x and one write of y per element, the row statistic
@@ -31,15 +31,18 @@ boundaries between operations that neither PyTorch nor torch.compile crosses (4-
    output, so the add's own pass (two reads, one write) and the norm's re-read
    of h disappear; the backward adds the residual path's gradient inside the
    norm's backward kernel instead of in a separate add.
+6. SwiGLU's middle, silu(gate) * up, as one kernel each way on the gate/up
+   GEMM's output: the backward recomputes sigmoid(gate) instead of saving it and
+   writes [d gate | d up] whole, where V2 hands gate and up to autograd as two
+   views whose gradients it then gathers.
 
 The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
---no-fused-residual-norm, --no-fused-qkv-grad, V2's fusion flags) measure
-each piece alone; --rope-in-attention and --triton-swiglu (SwiGLU's middle as
-one kernel each way, its gradient written whole) are options, off by default,
-measured against the default the same way. Block sizes of the kernels can be
+--no-fused-residual-norm, --no-fused-qkv-grad, --no-triton-swiglu, V2's fusion
+flags) measure each piece alone; --rope-in-attention is an option, off by
+default, measured against the default the same way. Block sizes of the kernels can be
 forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
 kernels/configs.py; the results JSON records any forced configuration.
@@ -178,7 +181,7 @@ def use_triton_norms(model: nn.Module) -> None:
 def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
                 triton_rope: bool = True, rope_in_attention: bool = False,
                 fused_residual_norm: bool = True, fused_qkv_grad: bool = True,
-                triton_swiglu: bool = False,
+                triton_swiglu: bool = True,
                 kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
     """kernel_configs is only recorded (forced launch configurations); it changes nothing.
     fused_residual_norm needs the Triton norms (triton_rmsnorm): it is their kernel."""
@@ -230,13 +233,13 @@ def add_arguments(group) -> None:
                                                "kernels (with --triton-rmsnorm)"),
                        ("fused_qkv_grad", "RoPE and attention as one step on the QKV GEMM's "
                                           "output, whose gradient the kernels write whole "
-                                          "(with --triton-rope and --triton-attention)")):
+                                          "(with --triton-rope and --triton-attention)"),
+                       ("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the "
+                                         "gate/up GEMM's output, its gradient written whole "
+                                         "(with V2's --fused-gate-up)")):
         flag = name.replace("_", "-")
         group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
                            help=f"{what}; --no-{flag} falls back to V2's version")
-    group.add_argument("--triton-swiglu", default=False, action=argparse.BooleanOptionalAction,
-                       help="silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
-                            "output (with V2's --fused-gate-up; off by default: see the README)")
     group.add_argument("--rope-in-attention", default=False, action=argparse.BooleanOptionalAction,
                        help="RoPE applied by the attention kernels as they load q and k, instead "
                             "of the RoPE kernel's own pass (eager only: see the README)")
