@@ -58,7 +58,7 @@ describe_step() {
         compare-medium) echo "~5 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
         compare-small)  echo "~2.5 min  compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
         kernels)        echo "~2.2 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
-        analysis)       echo "~1 min    ceilings.json, V1 and V4 medium profiled (operator and kernel tables), roofline" ;;
+        analysis)       echo "~1.5 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~1.3 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
         levers)         echo "~1 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;
@@ -200,12 +200,14 @@ run_step() {
             tail -n 6 "$A/ceilings.log"
         fi
         train analysis v1_profiled $V1 --preset $MEDIUM --precision bf16 --profile pytorch --profile-dir "$A/v1"
+        train analysis v3_profiled $V3 --preset $MEDIUM --precision bf16 --compile --profile pytorch --profile-dir "$A/v3"
         train analysis v4_profiled $V4 --preset $MEDIUM --precision bf16 --compile --profile pytorch --profile-dir "$A/v4"
         local ceil=(); [ -f "$A/ceilings.json" ] && ceil=(--ceilings "$A/ceilings.json")
         $PY -m analysis_tools roofline --preset $MEDIUM --precision bf16 --device "$DEVICE" "${ceil[@]}" \
-            --kernels "v1=$A/v1/pytorch/kernel_table.csv" --kernels "v4=$A/v4/pytorch/kernel_table.csv" \
+            --kernels "v1=$A/v1/pytorch/kernel_table.csv" --kernels "v3=$A/v3/pytorch/kernel_table.csv" \
+            --kernels "v4=$A/v4/pytorch/kernel_table.csv" \
             --out-dir "$A" --name roofline_medium.png > "$A/roofline.log" 2>&1 || failed=1
-        grep -A 12 "kernel time by category" "$A/roofline.log" || tail -n 5 "$A/roofline.log" ;;
+        grep -A 24 "kernel time by category" "$A/roofline.log" || tail -n 5 "$A/roofline.log" ;;
     debug)
         have "$W/debug/outcomes.json" && { say "   done before, skipped"; return; }
         mkdir -p "$W/debug"

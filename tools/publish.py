@@ -211,7 +211,7 @@ def collect(work: Path, out: Path) -> dict:
     flop_rows = flop_counter_rows(work)
     if flop_rows:
         summary["flop_counters"] = flop_rows
-    profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v4")}
+    profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v3", "v4")}
     summary["profiles"] = {k: v for k, v in profiles.items() if v}
     for png in ("analysis/roofline_medium.png", "memory/memory_model.png"):
         if (work / png).exists():
@@ -491,6 +491,7 @@ BLOCKS = {
     "compare-small": lambda s: compare_table(s, "small"),
     "compare-large": lambda s: compare_table(s, "large"),
     "v1-profile": lambda s: profile_block(s, "v1"),
+    "v3-profile": lambda s: profile_block(s, "v3"),
     "v4-profile": lambda s: profile_block(s, "v4"),
     "memory-vs-shape": lambda s: row_table(s, MEMORY_ROWS, cols=("tok/s", "step ms", "peak MB")),
     "attention-memory": lambda s: row_table(s, ATTN_ROWS, cols=("tok/s", "step ms", "peak MB")),

@@ -106,6 +106,10 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "matmul FLOPs by the `gemm` time to see how close they already run to the measured "
             "ceiling below (the probe runs GEMMs back to back; in a step they alternate with "
             "memory-bound kernels).", "",
+            "V3 medium, compiled, under the same profiler: its Triton kernels replace the attention, "
+            "the residual add + RMSNorm pairs, RoPE (applied inside attention) and SwiGLU, so the "
+            "`norm` and `elementwise` rows shrink against V4's and the `gemm` row is what is left to "
+            "beat:", "", block("v3-profile"), "",
             "For contrast, V1 medium eager (what exercise V1-1 reads):", "", block("v1-profile"), ""]
 
     out += ["## What did not help", "",
@@ -157,7 +161,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
                 "bandwidth the roofline uses):", "", _ceilings_text(s["ceilings"]), ""]
     else:
         out += [PLACEHOLDER, ""]
-    out += [image("roofline_medium.png", "roofline, medium preset, V1 and V4 kernels"), "",
+    out += [image("roofline_medium.png", "roofline, medium preset, V1, V3 and V4 kernels"), "",
             "Two MFU columns, because the datasheet peak is a promise no real code reaches: "
             "**MFU (datasheet)** divides the model FLOPs by the vendor's dense peak for the precision, "
             "**MFU (measured ceiling)** by the best this GPU did on one large square bf16 matmul in the "
