@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 25 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -58,7 +58,7 @@ describe_step() {
         compare-medium) echo "~5 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
         compare-small)  echo "~2.5 min  compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
         kernels)        echo "~2.2 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
-        analysis)       echo "~1.5 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
+        analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~1.3 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
         levers)         echo "~1 min    levers/: precision, batch and accumulation, checkpointing, data, optimizer (V1)" ;;

@@ -106,10 +106,13 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "matmul FLOPs by the `gemm` time to see how close they already run to the measured "
             "ceiling below (the probe runs GEMMs back to back; in a step they alternate with "
             "memory-bound kernels).", "",
-            "V3 medium, compiled, under the same profiler: its Triton kernels replace the attention, "
-            "the residual add + RMSNorm pairs, RoPE (applied inside attention) and SwiGLU, so the "
-            "`norm` and `elementwise` rows shrink against V4's and the `gemm` row is what is left to "
-            "beat:", "", block("v3-profile"), "",
+            "V3 medium, compiled, under the same profiler (its Triton kernels do the attention, "
+            "the residual add + RMSNorm pairs, RoPE and SwiGLU):", "", block("v3-profile"), "",
+            "Against V4's table, V3's `elementwise` and `norm` rows are shorter: each residual add "
+            "rides in a norm kernel, SwiGLU and its gradient are one kernel each way, and the QKV "
+            "gradient is written whole. Attention takes a little longer than cuDNN's, and the GEMMs, "
+            "the same vendor BLAS in both, are most of the step: what is left to beat is in GEMMs "
+            "and attention, not in the memory-bound glue between them.", "",
             "For contrast, V1 medium eager (what exercise V1-1 reads):", "", block("v1-profile"), ""]
 
     out += ["## What did not help", "",
