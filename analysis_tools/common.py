@@ -53,11 +53,14 @@ def model_config(result: dict) -> ModelConfig:
 
 def run_label(result: dict) -> str:
     """Short name of a run for tables and legends: 'v1 medium bf16 +compile'
-    ('+reduce-overhead' or '+max-autotune' for those torch.compile modes)."""
+    ('+reduce-overhead' or '+max-autotune' for those torch.compile modes; '+master' or
+    '+fused' for an optimizer other than torch's default AdamW)."""
     run = result["run"]
     compiled = run.get("compile_mode") if run.get("compile_mode") not in (None, "default") else "compile"
+    optimizer = run.get("optimizer") or "default"
     extras = [flag for flag, on in ((compiled, run.get("compile")),
-                                    ("ckpt", run.get("grad_checkpoint"))) if on]
+                                    ("ckpt", run.get("grad_checkpoint")),
+                                    (optimizer, optimizer != "default")) if on]
     size = run.get("preset") or f"b{run['batch_size']}xT{run['seq_len']}"
     return " ".join([result["version"], size, run["precision"], *(f"+{e}" for e in extras)])
 

@@ -20,14 +20,14 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.results import SchemaError, table_rows, validate
+from harness.results import NOISY_SPREAD, SchemaError, is_noisy, step_spread, table_rows, validate
 
 from .common import (AnalysisError, load_results, memory_kind, plt, result_paths, save_figure,
                      text_table, unique_labels)
 
 FLOAT_FORMATS = {"tokens/s": ",.0f", "speedup": ".2f", "step ms": ".2f", "fwd ms": ".2f",
                  "bwd ms": ".2f", "opt ms": ".2f", "MFU %": ".1f", "peak MB": ",.0f",
-                 "final loss": ".4f", "spread %": ".1f"}
+                 "final loss": ".4f", "spread %": ".1f", "p90/p10": ".2f"}
 COMPARE_VERSIONS_SCHEMA = "compare_versions/1"
 MODE_ORDER = ("eager", "compile", "reduce-overhead", "max-autotune")
 GUARD_BY_EXIT_CODE_NOTE = (
@@ -84,6 +84,12 @@ def row_as_result(row: dict, report: dict) -> dict:
     }
 
 
+def guard_passed(result: dict) -> bool:
+    """The results record that the gradient-flow guard looked and passed."""
+    guard = result.get("gradient_guard") or {}
+    return bool(guard.get("passed") and (guard.get("checked_params") or guard.get("passed_by_exit_code")))
+
+
 def _median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -122,9 +128,10 @@ def median_of_repeats(repeats: list[dict]) -> dict:
         prefix = f"repeat {i}/{n}: " if n > 1 else ""
         out["warnings"] += [prefix + w for w in r["warnings"]]
         fwd, bwd = r["timing_ms"]["forward"]["median"], r["timing_ms"]["backward"]["median"]
-        if n > 1 and fwd and bwd is not None and bwd < fwd:  # the median may hide one odd repeat
+        if n > 1 and fwd and bwd is not None and bwd < fwd and not guard_passed(r):
+            # the median may hide one odd repeat
             out["warnings"].append(f"{prefix}backward {bwd:.2f} ms < forward {fwd:.2f} ms in this "
-                                   "repeat (launch-bound, or a cut graph?)")
+                                   "repeat, whose gradient guard did not pass (a cut graph?)")
     out["repeats"] = {"n": n, "tokens_per_s": [r["throughput"]["tokens_per_s"] for r in repeats]}
     return out
 
@@ -196,6 +203,10 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
         base_tps = base["throughput"]["tokens_per_s"] if base else None
         speedups.append(tps / base_tps if base_tps and tps else None)
     df["speedup"] = speedups
+    if all(spread is None for spread in df["p90/p10"]):
+        df = df.drop(columns=["p90/p10"])  # medians over repeats keep no percentiles
+    if len({optimizer_of(r) for r in results}) > 1:
+        df["optimizer"] = [optimizer_of(r) for r in results]
     if any("repeats" in r for r in results):  # medians over repeats (compare_versions)
         df["repeats"] = [r["repeats"]["n"] if "repeats" in r else 1 for r in results]
         df["spread %"] = [spread_percent(r) for r in results]
@@ -205,20 +216,29 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
     return df
 
 
+def optimizer_of(result: dict) -> str:
+    return str(result["run"].get("optimizer") or "default")
+
+
 def suspicious(results: list[dict]) -> list[str]:
-    """Reasons to distrust a comparison, one line each (empty list: none found)."""
+    """Reasons to distrust a comparison, one line each (empty list: none found).
+    Each reads what the results record: a backward faster than the forward is a cut
+    graph only where the gradient guard did not pass (where it did, the run is
+    launch-bound: see observations)."""
     flags = []
     labels = unique_labels(results)
     for label, r in zip(labels, results):
         t = r["timing_ms"]
         fwd, bwd = t["forward"]["median"], t["backward"]["median"]
-        if fwd and bwd is not None and bwd < fwd:
-            flags.append(f"{label}: backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms) "
-                         "- backward costs ~2x forward; is the autograd graph cut?")
-        guard = r.get("gradient_guard") or {}
-        if not guard.get("passed") or not (guard.get("checked_params") or guard.get("passed_by_exit_code")):
-            flags.append(f"{label}: gradient-flow guard missing or failed ({guard or 'no record'}) "
+        if not guard_passed(r):
+            guard = r.get("gradient_guard")
+            cut = (f"; backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms)"
+                   if fwd and bwd is not None and bwd < fwd else "")
+            flags.append(f"{label}: gradient-flow guard missing or failed ({guard or 'no record'}){cut} "
                          "- its speed may come from not computing gradients")
+        if is_noisy(r):
+            flags.append(f"{label}: step times spread {step_spread(r):.1f}x (p90/p10, over "
+                         f"{NOISY_SPREAD}x): the machine was busy, its speed-up means little")
         mfu = r["mfu"]["value"]
         if mfu is not None and mfu > 1.0:
             flags.append(f"{label}: MFU {mfu * 100:.0f}% is above 100% - the timing cannot be "
@@ -232,10 +252,6 @@ def suspicious(results: list[dict]) -> list[str]:
     if len(precisions) > 1:
         flags.append(f"different precisions are compared ({', '.join(precisions)}): "
                      "speed-ups mix precision with implementation")
-    optimizers = sorted({str(r["run"].get("optimizer") or "not recorded") for r in results})
-    if len(optimizers) > 1:
-        flags.append(f"different optimizers are compared ({', '.join(optimizers)}): speed-ups mix "
-                     "the optimizer with the model code (pass the same --optimizer to every run)")
     data = sorted({r["run"].get("data", "synthetic") for r in results})
     if len(data) > 1:
         flags.append(f"different training data ({', '.join(data)}): loss curves are not comparable")
@@ -246,6 +262,23 @@ def suspicious(results: list[dict]) -> list[str]:
 
 
 # ------------------------------------------------------------------ plots
+def observations(results: list[dict]) -> list[str]:
+    """What is true of the data and worth knowing, but no reason to distrust it."""
+    notes = []
+    launch_bound = [label for label, r in zip(unique_labels(results), results) if guard_passed(r)
+                    and (r["timing_ms"]["backward"]["median"] or 0) < (r["timing_ms"]["forward"]["median"] or 0)]
+    if launch_bound:
+        notes.append(f"backward faster than forward ({', '.join(launch_bound)}) with the gradient "
+                     "guard passed: the run is launch-bound (the host sets the pace, and autograd "
+                     "launches the backward from C++ faster than Python launches the forward)")
+    optimizers = sorted({optimizer_of(r) for r in results})
+    if len(optimizers) > 1:
+        notes.append(f"optimizers differ ({', '.join(optimizers)}): the 'optimizer' column and "
+                     "the labels name each row's; a speed-up between rows of different optimizers "
+                     "includes the optimizer's share")
+    return notes
+
+
 def short_labels(labels: list[str]) -> tuple[list[str], str]:
     """Words every label shares move to the title: 'v4 small bf16 +compile' -> 'v4 +compile'."""
     shared = [w for w in labels[0].split() if all(w in label.split() for label in labels)]
@@ -358,6 +391,7 @@ def compare_runs(paths_or_results, out_dir=None, plots: bool = True, prefix: str
     if any("repeats" in r for r in results):
         notes.append("compare_versions runs: one row per (version, mode), medians over its repeats; "
                      "'spread %' = (max - min) / median of their tokens/s")
+    notes += observations(results)
     out = {"table": df, "flags": suspicious(results), "notes": notes, "plots": [], "results": results}
     if plots and out_dir is not None:
         short, shared = short_labels(list(df["run"]))

@@ -136,8 +136,27 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+# A run whose 90th-percentile step takes this much longer than its 10th was shared
+# with other work (a busy CPU, a throttled GPU): its median means little, and a
+# speed-up computed from it less.
+NOISY_SPREAD = 1.5
+
+
+def step_spread(result: dict) -> float | None:
+    """p90 / p10 of the step time: 1.0 for a steady run; None where not recorded."""
+    step = result["timing_ms"]["step"]
+    p10, p90 = step.get("p10"), step.get("p90")
+    return p90 / p10 if p10 and p90 else None
+
+
+def is_noisy(result: dict) -> bool:
+    spread = step_spread(result)
+    return spread is not None and spread > NOISY_SPREAD
+
+
 def table_rows(results: list[dict]) -> list[dict]:
-    """One row per run; speed-up is relative to the first v1 run (if any)."""
+    """One row per run; speed-up is relative to the first v1 run (if any).
+    'p90/p10' is the spread of its step times (see NOISY_SPREAD)."""
     base = next((r for r in results if r["version"] == "v1"), None)
     base_tps = base["throughput"]["tokens_per_s"] if base else None
     rows = []
@@ -154,25 +173,37 @@ def table_rows(results: list[dict]) -> list[dict]:
             "MFU %": r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None,
             "peak MB": mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
             "final loss": r["losses"][-1] if r["losses"] else None,
+            "p90/p10": step_spread(r),
         })
     return rows
 
 
 FORMATS = {"tokens/s": ",.0f", "speedup": ".2f", "step ms": ".2f", "fwd ms": ".2f",
-           "bwd ms": ".2f", "opt ms": ".2f", "MFU %": ".1f", "peak MB": ",.0f", "final loss": ".4f"}
+           "bwd ms": ".2f", "opt ms": ".2f", "MFU %": ".1f", "peak MB": ",.0f", "final loss": ".4f", "p90/p10": ".2f"}
 
 
 def format_table(results: list[dict]) -> str:
+    """The table, with 'noisy' for a speed-up that either of its two runs makes
+    meaningless (step times spread over NOISY_SPREAD), and a line saying why."""
     rows = table_rows(results)
+    base = next((r for r in results if r["version"] == "v1"), None)
+    noisy = [r["version"] for r in results if is_noisy(r)]
+    for row, r in zip(rows, results):
+        if row["speedup"] is not None and (is_noisy(r) or (base is not None and is_noisy(base))):
+            row["speedup"] = "noisy"
     headers = list(rows[0])
-    cells = [[_fmt(row[h], FORMATS[h]) if h in FORMATS else str(row[h]) for h in headers]
-             for row in rows]
+    cells = [[_fmt(row[h], FORMATS[h]) if h in FORMATS and not isinstance(row[h], str)
+              else str(row[h]) for h in headers] for row in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))  # noqa: E731
     device = results[0]["device"]
     out = [f"device: {device['name']} ({device['backend']}), torch {device['torch']}",
            line(headers), line(["-" * w for w in widths])]
     out += [line(c) for c in cells]
+    if noisy:
+        out.append(f"NOISY {', '.join(noisy)}: step times spread over {NOISY_SPREAD}x (p90/p10), "
+                   f"so the machine was busy with other work; their speed-ups mean nothing. "
+                   f"Close other programs, or on a CPU set OMP_NUM_THREADS=1, and run again.")
     for r in results:
         out += [f"WARNING {r['version']}: {w}" for w in r.get("warnings", [])]
     return "\n".join(out)

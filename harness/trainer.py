@@ -18,6 +18,7 @@ from .errors import NonFiniteLoss, OutOfMemory, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRESS_EVERY_S = 10.0  # slow runs (a CPU, the Triton interpreter) print at least this often
+GPU_SIZED_S = 60.0  # a CPU run whose matmuls alone take longer than this says so at start
 
 
 # ---------------------------------------------------------------- precision
@@ -77,6 +78,38 @@ class Preflight:
     def bytes_per_value(self) -> int:
         """Bytes of one activation value in this run's precision."""
         return PRECISIONS[self.precision].bytes
+
+
+# ---------------------------------------------------------------- start-up notes
+def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
+    """One line, before anything slow, for a run sized for a GPU that landed on a CPU:
+    the time its matrix products alone need at this CPU's measured matmul rate (a
+    lower bound: a step also does memory-bound work), and the CPU-sized command."""
+    if device.type != "cpu":
+        return None
+    step_flops = flops.step_flops(settings.model, settings.global_batch_size(), settings.seq_len)
+    step_s = step_flops / measure.cpu_matmul_flops()
+    if step_s * settings.num_steps < GPU_SIZED_S:
+        return None
+    script = settings.command.split()[1] if len(settings.command.split()) > 1 else "<script>"
+    size = f"preset {settings.preset}" if settings.preset else "this model size"
+    return (f"{settings.version}: {size} is sized for a GPU: on this CPU a step takes at least "
+            f"{results.duration_text(step_s)}, {settings.num_steps} steps at least "
+            f"{results.duration_text(step_s * settings.num_steps)} (Ctrl-C stops it); "
+            f"sized for a CPU: python {script} --preset tiny")
+
+
+def start_notes(settings: RunSettings, device: torch.device) -> list[str]:
+    """What a run will not do the way its flags suggest, said before it starts (and
+    kept in its results' warnings)."""
+    notes = []
+    if settings.warmup_steps == 0:
+        notes.append("no warm-up step: the timed steps include one-time costs (compilation, "
+                     "allocation, autotuning); run 10 steps or more for a timing")
+    if settings.compile and settings.compile_mode == "reduce-overhead" and device.type == "cpu":
+        notes.append("--compile-mode reduce-overhead: CUDA/HIP graphs need a GPU; on a CPU it "
+                     "compiles like the default mode")
+    return notes
 
 
 # ---------------------------------------------------------------- model
@@ -178,6 +211,11 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
     cfg = settings.model
     output = Path(settings.output or REPO_ROOT / "results" /
                   f"{settings.version}_{settings.preset or 'custom'}.json")
+    say = print if (not settings.quiet and ctx.is_main) else (lambda *a, **k: None)
+    notes = start_notes(settings, device)
+    for line in filter(None, [gpu_sized_note(settings, device), *notes]):
+        say(line if line.startswith(f"{settings.version}:") else f"{settings.version}: {line}",
+            flush=True)
 
     # Built where it trains: a GPU draws the initial weights in milliseconds where the
     # CPU takes seconds (the same seed gives the same weights on the same kind of device).
@@ -209,7 +247,6 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
         from profiling import sessions  # only a profiled run needs it
         profiler = sessions.start(settings, device, model)
 
-    say = print if (not settings.quiet and ctx.is_main) else (lambda *a, **k: None)
     say(f"{settings.version}: {dev.device_name(device)} ({device.type}), {precision}, "
         f"preset {settings.preset or 'custom'}, batch {settings.batch_size} x seq "
         f"{settings.seq_len}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params"
@@ -277,9 +314,10 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
                 checked_params = ctx.check_gradient_flow(model)
             if profiler is not None:
                 profiler.step(step)
-            # Progress from the first step (with an estimate of the time left), then
-            # every --log-every steps, and at least every PROGRESS_EVERY_S seconds.
-            if (step == 0 or (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps
+            # Progress from the first step, an estimate of the time left from the second
+            # (the first pays compilation and allocation), then every --log-every steps,
+            # and at least every PROGRESS_EVERY_S seconds.
+            if (step <= 1 or (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps
                     or time.monotonic() - last_line_at > PROGRESS_EVERY_S):
                 drain(step)
                 say(_progress_line(step, settings, losses, clock_marks, tokens_per_step))
@@ -306,7 +344,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
     memory = measure.peak_memory(device)
     result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
                        tokens_per_step, measured_peak, ctx,
-                       getattr(base_model, "run_warnings", ()))
+                       [*getattr(base_model, "run_warnings", ()), *notes])
     # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
     result["gradient_guard"]["layout"] = ("v1" if settings.version == "v1" or hasattr(base_model, "to_v1_layout")
                                           else "model")
@@ -346,7 +384,11 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     speed = f" | {ms:8.2f} ms/step | {tokens_per_step / ms * 1000:10,.0f} tok/s" if ms else " | warm-up"
     left = settings.num_steps - step - 1
     step_ms = ms or clocks[step].elapsed_ms("start", "end")  # in warm-up: this step's own time
-    eta = f" | about {results.duration_text(left * step_ms / 1000)} left" if left else ""
+    if step == 0 and left:  # the first step pays one-time costs: no estimate from it
+        eta = (f" | first step {results.duration_text(step_ms / 1000)} (one-time set-up "
+               f"included; the estimate follows at step 2)")
+    else:
+        eta = f" | about {results.duration_text(left * step_ms / 1000)} left" if left else ""
     return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
 
 
@@ -362,12 +404,13 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
     warnings = list(model_warnings)  # what the model itself wants the reader to know
     fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
     if fwd and bwd is not None and bwd < fwd:
-        # Backward does ~2x the forward's FLOPs. Faster means either a cut graph
-        # (the guard would have stopped that) or a launch-bound run: the forward
-        # is launched from Python, the backward from autograd's C++ engine.
-        warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms): "
-                        "backward should cost about 2x forward - is the graph cut? (The "
-                        "gradient guard passed; small, launch-bound runs show this too.)")
+        # Backward does ~2x the forward's FLOPs. Where the gradient guard passed (a cut
+        # graph stops the run), the run is launch-bound: Python launches the forward,
+        # autograd's C++ engine the backward, and the host, not the device, sets the pace.
+        warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms) " + (
+            "with the gradient guard passed: a launch-bound run (the host sets the pace)"
+            if checked_params else "and no gradient guard checked this run: is the autograd "
+            "graph cut?"))
     return {
         "schema_version": results.SCHEMA_VERSION,
         "version": settings.version,

@@ -7,8 +7,16 @@ one does not hide the others) and shows its progress lines as it trains.
 
 Results go to results/workshop/<version>.json, but only when the whole command
 finishes: the runs write into a temporary folder first, so an interrupted
-workshop (Ctrl-C) leaves the previous results/workshop/ as it was, never a mix
-of new and old files.
+workshop (Ctrl-C) leaves the previous results/workshop/ as it was. A version
+that fails keeps its previous result, and the end of the run says which
+results are new and which are kept from an earlier run.
+
+The flags every version shares (--preset, --num-steps and those after --) are
+checked once, before any version starts: a typo is one line, not four failures.
+
+On a CPU each version runs with a thread count chosen for the preset (one
+thread at the tiny preset, where waking threads costs more than they save),
+unless OMP_NUM_THREADS is set; the first line says which.
 
     python -m harness.workshop                      # what `make workshop` runs
     python -m harness.workshop --quick              # tiny preset, 3 steps: a minute on a CPU
@@ -16,7 +24,6 @@ of new and old files.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -25,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import default_warmup
-from .config import VERSIONS
+from .cli import OneLineParser, default_warmup
+from .config import PRESETS, VERSIONS
+from .errors import UsageError
 from .results import SchemaError, duration_text, format_table, load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,9 +63,9 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def run_version(version: str, cmd: list[str]) -> tuple[int, str]:
+def run_version(version: str, cmd: list[str], env: dict | None = None) -> tuple[int, str]:
     """Run one version, echoing its progress lines; (exit code, its last error line)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # progress lines arrive as they are printed
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}  # progress lines arrive as printed
     last, error = "", ""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env, cwd=REPO) as proc:
@@ -79,17 +87,65 @@ def run_version(version: str, cmd: list[str]) -> tuple[int, str]:
 
 
 def publish(staging: Path, out_dir: Path, names: list[str]) -> None:
-    """Replace the previous workshop results with this run's, version by version."""
+    """Move this run's results into out_dir, one version at a time. Only the versions
+    that finished are replaced: a version that failed keeps its previous result."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("v[0-9].json"):  # every version's, also one not run this time
-        old.unlink()
     for name in names:
         os.replace(staging / name, out_dir / name)
 
 
+def kept_results(out_dir: Path, new_names: list[str]) -> list[str]:
+    """'v3 (from 2026-11-20T10:02:11+00:00)' for each result in out_dir this run did not replace."""
+    kept = []
+    for path in sorted(out_dir.glob("v[0-9].json")):
+        if path.name in new_names:
+            continue
+        try:
+            created = load(path)["created"]
+        except SchemaError:
+            created = "unreadable"
+        kept.append(f"{path.stem} (from {created})")
+    return kept
+
+
+def check_shared_flags(preset: str, steps: int, extra: list[str]) -> None:
+    """The flags every version gets, checked once by the harness's own parser and
+    rules (UsageError, one line). A flag only some versions know is refused here,
+    since every version would be handed it."""
+    from .cli import build_parser, settings_from_args
+
+    argv = ["--preset", preset, "--num-steps", str(steps), *extra]
+    parser = build_parser("workshop", "")
+    parser.prog = "workshop (flags for every version)"
+    settings_from_args("workshop", parser.parse_args(argv), argv)
+
+
+def cpu_threads(preset: str) -> tuple[dict, str]:
+    """(environment for the versions, the line that says so) on a CPU.
+
+    Each step of the tiny model is a few hundred small matrix products: handing each
+    to several threads costs more in waking them than it saves, and on a busy machine
+    a thread that waits for a core can stretch a step tenfold. One thread makes the
+    tiny preset fast and steady; larger presets keep PyTorch's own choice."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}, f"CPU threads per version: {os.environ['OMP_NUM_THREADS']} (OMP_NUM_THREADS)"
+    if preset == "tiny":
+        return ({"OMP_NUM_THREADS": "1"},
+                "CPU threads per version: 1 (tiny matrices: more threads cost more than they "
+                "save; set OMP_NUM_THREADS to choose)")
+    import torch
+    return {}, (f"CPU threads per version: {torch.get_num_threads()} (PyTorch's default; set "
+                f"OMP_NUM_THREADS to choose)")
+
+
+DESCRIPTION = ("Train every version on this machine's device and print one table; each "
+               "version's results go to <out-dir>/<version>.json.")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default=None, help="default: chosen for this device")
+    p = OneLineParser(prog="python -m harness.workshop", description=DESCRIPTION)
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="default: chosen for this device (tiny on a CPU)")
     p.add_argument("--num-steps", type=int, default=None,
                    help=f"steps per version (default: {QUICK_STEPS} with --quick, 30 at the tiny "
                         f"preset, 50 otherwise)")
@@ -97,17 +153,22 @@ def main(argv=None) -> int:
                    help=f"tiny preset, {QUICK_STEPS} steps: checks that every version runs (CI)")
     p.add_argument("--out-dir", default=str(REPO / "results" / "workshop"))
     p.add_argument("extra", nargs="*", help="more flags passed to every version (after --)")
-    args = p.parse_args(argv)
-    preset = args.preset or ("tiny" if args.quick else device_preset())
-    steps = args.num_steps if args.num_steps is not None else (
-        QUICK_STEPS if args.quick else 30 if preset == "tiny" else 50)
-    if steps < 1:
-        print("error: --num-steps must be > 0", file=sys.stderr)
+    try:
+        args = p.parse_args(argv)
+        preset = args.preset or ("tiny" if args.quick else device_preset())
+        steps = args.num_steps if args.num_steps is not None else (
+            QUICK_STEPS if args.quick else 30 if preset == "tiny" else 50)
+        check_shared_flags(preset, steps, args.extra)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     gpu = has_gpu() and "cpu" not in args.extra
     print(f"workshop: preset {preset}, {steps} steps per version, "
           f"{'GPU' if gpu else 'CPU'}; each version prints its progress below", flush=True)
+    env = {}
     if not gpu:
+        env, threads = cpu_threads(preset)
+        print(f"  {threads}", flush=True)
         print(f"  on a CPU, V3's Triton kernels run in Triton's interpreter: seconds a step at the "
               f"tiny preset, far longer at larger ones; its first progress line estimates its "
               f"time (Ctrl-C stops the workshop and keeps the previous results)", flush=True)
@@ -128,7 +189,7 @@ def main(argv=None) -> int:
                    *args.extra]
             print(f"  running {version} ...", flush=True)
             t0 = time.monotonic()
-            code, message = run_version(version, cmd)
+            code, message = run_version(version, cmd, env)
             if code != 0:
                 failed.append(f"{version}: exit {code}: {message}")
                 continue
@@ -152,7 +213,11 @@ def main(argv=None) -> int:
         if rows[0]["device"]["type"] == "cpu":
             print()
             print(CPU_NOTE)
-        print(f"\nresults: {out_dir}/ ({duration_text(time.monotonic() - started)} in all)")
+    print(f"\nresults: {out_dir}/ ({duration_text(time.monotonic() - started)} in all)")
+    print(f"  new: {', '.join(Path(n).stem for n in names) or 'none'}")
+    kept = kept_results(out_dir, names)
+    if kept:
+        print(f"  kept from an earlier run: {'; '.join(kept)}")
     for line in failed:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if failed or not rows else 0

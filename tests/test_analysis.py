@@ -89,7 +89,8 @@ def steady(base: dict, path) -> dict:
     """The real run with textbook timings (on a busy 2-core CPU a tiny model's
     backward can time faster than its forward, which compare rightly flags)."""
     return variant(base, path, **{"timing_ms.forward.median": 10.0, "timing_ms.backward.median": 20.0,
-                                  "timing_ms.optimizer.median": 2.0, "timing_ms.step.median": 33.0})
+                                  "timing_ms.optimizer.median": 2.0, "timing_ms.step.median": 33.0,
+                                  "timing_ms.step.p10": 32.0, "timing_ms.step.p90": 34.0})
 
 
 def test_compare_table_speedup_and_plots(v1, tmp_path):
@@ -112,7 +113,8 @@ def test_compare_table_speedup_and_plots(v1, tmp_path):
 
 
 @pytest.mark.parametrize("planted, needle", [
-    ({"timing_ms.backward.median": 0.01}, "faster than forward"),
+    ({"timing_ms.backward.median": 0.01, "gradient_guard": {"passed": None, "checked_params": 0}},
+     "faster than forward"),
     ({"gradient_guard": {"passed": False, "checked_params": 0}}, "gradient-flow guard"),
     ({"run.precision": "bf16"}, "different precisions"),
     ({"run.seq_len": 16}, "different model configs or shapes"),
@@ -127,9 +129,19 @@ def test_compare_flags_planted_problems(v1, tmp_path, planted, needle):
     assert any(needle in f for f in flags), flags
 
 
+def test_a_fast_backward_is_a_cut_graph_only_where_the_guard_did_not_pass(v1, tmp_path):
+    from analysis_tools.compare import compare_runs
+    v1 = steady(v1, tmp_path / "v1.json")
+    launch_bound = faster(v1, tmp_path / "v3.json", version="v3", **{"timing_ms.backward.median": 0.01})
+    out = compare_runs([v1, launch_bound], plots=False)
+    assert out["flags"] == []
+    assert any("launch-bound" in n and "v3 tiny fp32" in n for n in out["notes"])
+
+
 def test_compare_cli_loud_flags_and_strict(v1, v1_path, tmp_path):
     cut = faster(v1, tmp_path / "v3.json", version="v3", factor=3.0,
-                 **{"timing_ms.backward.median": 0.001})
+                 **{"timing_ms.backward.median": 0.001,
+                    "gradient_guard": {"passed": None, "checked_params": 0}})
     assert cut["version"] == "v3"
     proc = analysis("compare", v1_path, tmp_path / "v3.json", "--out-dir", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
@@ -338,3 +350,12 @@ def test_regress_checks_a_row_whose_options_changed(v1):
     new = {**v1, "options": {"fused_norm": True, "triton_swiglu": True}}
     with pytest.raises(Exception, match="nothing to compare"):
         check([base, other], [new])
+
+
+@pytest.mark.parametrize("name", ["compare_medium.json", "compare_small.json", "compare_large.json"])
+def test_the_published_set_passes_its_own_compare(name):
+    """The numbers the README quotes carry no do-not-quote line: master weights in the best
+    mode are a labelled column, and every row's gradient guard passed."""
+    from analysis_tools.compare import compare_runs
+    out = compare_runs([REPO / "docs" / "published" / "h200" / name], plots=False)
+    assert out["flags"] == []

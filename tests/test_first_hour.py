@@ -60,14 +60,45 @@ def test_help_shows_real_defaults_only():
 
 def test_short_run_adapts_its_warm_up_and_prints_progress_from_the_first_step(tmp_path):
     out = tmp_path / "r.json"
-    proc = run_cli([V1, "--preset", "tiny", "--num-steps", "2", "--output", out])
+    proc = run_cli([V1, "--preset", "tiny", "--num-steps", "3", "--output", out])
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert lines[0].startswith("step     1/2") and "left" in lines[0]  # an estimate at once
+    # a line at once; the estimate comes from step 2, since step 1 pays the one-time set-up
+    assert lines[0].startswith("step     1/3") and "first step" in lines[0] and "left" not in lines[0]
+    assert lines[1].startswith("step     2/3") and "left" in lines[1]
     result = json.loads(out.read_text())
     assert result["run"]["warmup_steps"] == 1
+    assert not any("warm-up" in w for w in result["warnings"])
     # an ordinary file: readable by others (umask permitting), not 0600
     assert stat.S_IMODE(os.stat(out).st_mode) & 0o044 == 0o044 & ~_umask()
+
+
+def test_a_run_that_cannot_time_a_warm_step_or_use_graphs_says_so(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli([V1, "--preset", "tiny", "--num-steps", "1", "--output", out])
+    assert proc.returncode == 0, proc.stderr
+    assert "v1: no warm-up step" in proc.stdout.splitlines()[0]
+    assert any("no warm-up step" in w for w in json.loads(out.read_text())["warnings"])
+    from harness import cli, trainer
+    args = cli.build_parser("v1", "").parse_args(["--compile", "--compile-mode", "reduce-overhead"])
+    notes = trainer.start_notes(cli.settings_from_args("v1", args, []), trainer.torch.device("cpu"))
+    assert notes == [n for n in notes if "graphs need a GPU" in n] and notes
+
+
+def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
+    from harness import cli, trainer
+    monkeypatch.setattr(trainer.measure, "cpu_matmul_flops", lambda: 100e9)  # a 100 GFLOP/s CPU
+    args = cli.build_parser("v1", "").parse_args(["--preset", "medium"])
+    settings = cli.settings_from_args("v1", args, ["--preset", "medium"])
+    settings.command = "python version1_baseline/tiny_llama_v1.py --preset medium"
+    note = trainer.gpu_sized_note(settings, trainer.torch.device("cpu"))
+    # 8.1 TFLOP a step at 100 GFLOP/s: over a minute a step, over an hour for 50
+    assert note.startswith("v1: preset medium is sized for a GPU: on this CPU a step takes at least 81 s")
+    assert "50 steps at least 67.7 min" in note
+    assert note.endswith("sized for a CPU: python version1_baseline/tiny_llama_v1.py --preset tiny")
+    tiny = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args([]), [])
+    assert trainer.gpu_sized_note(tiny, trainer.torch.device("cpu")) is None
+    assert trainer.gpu_sized_note(settings, trainer.torch.device("cuda")) is None
 
 
 def _umask():
@@ -104,17 +135,54 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
 
 
 # ---------------------------------------------------------------- make workshop
-def test_workshop_streams_progress_notes_cpu_and_replaces_stale_results(tmp_path, monkeypatch, capsys):
+def test_workshop_streams_progress_replaces_what_finished_and_keeps_what_failed(tmp_path, monkeypatch, capsys):
     from harness import workshop
 
-    monkeypatch.setattr(workshop, "VERSIONS", {"v1": workshop.VERSIONS["v1"]})  # v1 only: seconds
-    (tmp_path / "v3.json").write_text("{}")  # from an older workshop
-    assert workshop.main(["--quick", "--out-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    # v1 runs for real (seconds); v2 fails: its previous result stays, and the run says so
+    monkeypatch.setattr(workshop, "VERSIONS", {k: workshop.VERSIONS[k] for k in ("v1", "v2")})
+    real_run = workshop.run_version
+    ran = {}
+
+    def v2_fails(version, cmd, env=None):
+        ran[version] = env
+        return real_run(version, cmd, env) if version == "v1" else (2, "v2 broke")
+
+    monkeypatch.setattr(workshop, "run_version", v2_fails)
+    (tmp_path / "v1.json").write_text("{}")
+    (tmp_path / "v2.json").write_text("previous")
+    assert workshop.main(["--quick", "--out-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
     assert "    v1 | step     1/3" in out  # the child's progress, as it trains
     assert "do not show the GPU lessons" in out and "docs/RESULTS.md" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.json"]  # no stale mix
+    assert "CPU threads per version: " in out
+    assert "  new: v1" in out and "kept from an earlier run: v2 (from unreadable)" in out
+    assert "FAILED v2: exit 2: v2 broke" in err
+    assert json.loads((tmp_path / "v1.json").read_text())["version"] == "v1"
+    assert (tmp_path / "v2.json").read_text() == "previous"
     assert not list(tmp_path.parent.glob(f".{tmp_path.name}.*"))  # staging folder removed
+    if "OMP_NUM_THREADS" not in os.environ:  # the tiny preset runs on one thread
+        assert ran["v1"] == {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--preset", "tinny"], "invalid choice: 'tinny'"),
+    (["--quick", "--", "--batch-size", "-2"], "--batch-size must be > 0"),
+    (["--quick", "--", "--no-triton-attention"], "unrecognized arguments: --no-triton-attention"),
+    (["--num-steps", "0"], "--num-steps must be > 0"),
+])
+def test_workshop_checks_the_shared_flags_once_before_any_version_starts(tmp_path, monkeypatch, capsys,
+                                                                         argv, needle):
+    from harness import workshop
+
+    def never(*_):
+        raise AssertionError("a version started")
+
+    monkeypatch.setattr(workshop, "run_version", never)
+    (tmp_path / "v1.json").write_text("previous")
+    assert workshop.main(["--out-dir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert (tmp_path / "v1.json").read_text() == "previous"
 
 
 def test_an_interrupted_workshop_is_one_line_and_keeps_the_previous_results(tmp_path, monkeypatch, capsys):
@@ -122,7 +190,7 @@ def test_an_interrupted_workshop_is_one_line_and_keeps_the_previous_results(tmp_
 
     (tmp_path / "v1.json").write_text("previous")
 
-    def interrupted(version, cmd):
+    def interrupted(version, cmd, env=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(workshop, "run_version", interrupted)
