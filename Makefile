@@ -1,13 +1,14 @@
 # Two commands set up and run everything:
 #   make workshop   install (if needed), then train every version on this machine's device
 #   make test       install test extras (if needed), then run the test suite
-# And for instructors, on a GPU:
-#   make results    re-measure every published number (benchmarks/reproduce.sh; ARGS="compare-medium" for one step)
+# And for instructors:
+#   make notebooks  install JupyterLab (if needed) and open the four notebooks
+#   make results    (on a GPU) re-measure every published number (benchmarks/reproduce.sh; ARGS="compare-medium" for one step)
 #   make workshop ARGS="--quick"   tiny preset, 3 steps per version (what CI runs first)
 # Afterwards run scripts in the project's environment: source .venv/bin/activate
 PY := .venv/bin/python
 
-.PHONY: workshop test install clean results
+.PHONY: workshop test install clean results notebooks
 workshop: .venv/.installed
 	$(PY) -m harness.workshop $(ARGS)
 
@@ -15,6 +16,9 @@ test: .venv/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 install: .venv/.installed
+
+notebooks: .venv/.installed-notebooks
+	$(PY) -m jupyter lab exercises/notebooks/ $(ARGS)
 
 results: .venv/.installed
 	bash benchmarks/reproduce.sh $(ARGS)
@@ -24,6 +28,10 @@ results: .venv/.installed
 
 .venv/.installed-test: pyproject.toml setup/install.sh
 	bash setup/install.sh test
+	touch .venv/.installed
+
+.venv/.installed-notebooks: pyproject.toml setup/install.sh
+	bash setup/install.sh notebooks
 	touch .venv/.installed
 
 clean:

@@ -15,6 +15,7 @@ Exit codes: 0 ok, 1 regression (regress) or suspicious results (compare --strict
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,23 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) <= 0:
         raise AnalysisError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _int_at_least(lowest: int):
+    """argparse type: an integer >= lowest (1 for a batch size, sequence length or step
+    count; 0 for warm-up steps). argparse turns the error into one line, exit 2."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}, got {value}")
+        return value
+    return parse
+
+
+_positive, _non_negative = _int_at_least(1), _int_at_least(0)
 
 
 def _switches(text: str) -> list[bool]:
@@ -144,6 +162,9 @@ def cmd_memory(args) -> int:
 def cmd_sweep(args) -> int:
     from harness.workshop import device_preset
     from .sweep import grid, plot_sweep, run_sweep
+    if args.warmup_steps >= args.num_steps:
+        raise AnalysisError(f"--warmup-steps ({args.warmup_steps}) must be below --num-steps "
+                            f"({args.num_steps})")
     preset = args.preset or device_preset()
     points = grid(preset, _ints(args.batch_sizes) if args.batch_sizes else None,
                   _ints(args.seq_lens) if args.seq_lens else None,
@@ -231,8 +252,8 @@ def build_parser() -> OneLineParser:
     r = sub.add_parser("roofline", help="roofline plot")
     r.add_argument("results", nargs="*", help="results JSONs (config and step points)")
     r.add_argument("--preset", help="config when no results are given (default small)")
-    r.add_argument("--batch-size", type=int)
-    r.add_argument("--seq-len", type=int)
+    r.add_argument("--batch-size", type=_positive)
+    r.add_argument("--seq-len", type=_positive)
     r.add_argument("--precision", choices=tuple(PRECISIONS))
     r.add_argument("--attention", choices=("explicit", "flash"), help="for the step points' bytes")
     r.add_argument("--ceilings", help="JSON from python -m benchmarks.ceilings")
@@ -248,8 +269,8 @@ def build_parser() -> OneLineParser:
     m.add_argument("results", nargs="*", help="results JSONs to check the model against")
     m.add_argument("--preset", default="small", help="config to predict when no results are given")
     m.add_argument("--version", choices=tuple(VERSIONS), default="v1")
-    m.add_argument("--batch-size", type=int)
-    m.add_argument("--seq-len", type=int)
+    m.add_argument("--batch-size", type=_positive)
+    m.add_argument("--seq-len", type=_positive)
     m.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16")
     m.add_argument("--grad-checkpoint", action="store_true")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
@@ -269,8 +290,8 @@ def build_parser() -> OneLineParser:
     s.add_argument("--precisions", help="e.g. fp32,bf16 (default: the device default)")
     s.add_argument("--grad-checkpoint", default="off", help="off, on or off,on")
     s.add_argument("--compile", default="off", help="off, on or off,on")
-    s.add_argument("--num-steps", type=int, default=20)
-    s.add_argument("--warmup-steps", type=int, default=5)
+    s.add_argument("--num-steps", type=_positive, default=20)
+    s.add_argument("--warmup-steps", type=_non_negative, default=5)
     s.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
     s.add_argument("extra", nargs="*", help="more flags for every run, after --")
     s.set_defaults(func=cmd_sweep)

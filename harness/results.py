@@ -130,7 +130,9 @@ def _fmt(value, spec: str, missing: str = "n/a") -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """A wall time as people say it: '40 s', '2.5 min', '1.2 h'."""
+    """A wall time as people say it: '0.4 s', '40 s', '2.5 min', '1.2 h'."""
+    if seconds < 9.5:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -189,7 +189,8 @@ def run(settings: RunSettings, build_model, reference_weights=None) -> dict:
     from (harness.config.reference_weights: V1's), or None for the model's own init."""
     ctx = parallel.setup(settings)
     try:
-        return _run(settings, build_model, reference_weights, ctx)
+        with contextlib.ExitStack() as cleanup:  # what _run sets up and must undo, also on failure
+            return _run(settings, build_model, reference_weights, ctx, cleanup)
     except torch.cuda.OutOfMemoryError:
         # Outside the training loop (moving the model, --measure-peak): the loop
         # itself reports OOM with the peak it reached.
@@ -200,7 +201,7 @@ def run(settings: RunSettings, build_model, reference_weights=None) -> dict:
         ctx.close()
 
 
-def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
+def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) -> dict:
     device = ctx.device if ctx.device is not None else dev.resolve_device(settings.device)
     precision = choose_precision(settings.precision, device)
     configure_matmul_precision(precision)
@@ -246,6 +247,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx) -> dict:
     if settings.profile:
         from profiling import sessions  # only a profiled run needs it
         profiler = sessions.start(settings, device, model)
+        cleanup.callback(profiler.close)
 
     say(f"{settings.version}: {dev.device_name(device)} ({device.type}), {precision}, "
         f"preset {settings.preset or 'custom'}, batch {settings.batch_size} x seq "

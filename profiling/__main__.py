@@ -2,6 +2,7 @@
 
     python -m profiling parse profiles/v1/rocprofv3 -o profiles/v1/rocprofv3/kernel_table.csv
     python -m profiling parse profiles/v1/ncu/v1_small.csv --top 20
+    python -m profiling compare v1=profiles/v1/pytorch v3=profiles/v3/pytorch
     python -m profiling roofline workloads/v1/MI300X_A1/roofline.csv
 
 Exit codes: 0 success, 2 unreadable input (one line on stderr).
@@ -12,7 +13,9 @@ import argparse
 import sys
 
 from .parsers import PARSERS, parse, rocprof_compute
-from .parsers.kernel_table import ProfileParseError, format_table, write_csv
+from pathlib import Path
+
+from .parsers.kernel_table import ProfileParseError, format_comparison, format_table, write_csv
 
 
 def main(argv=None) -> int:
@@ -25,6 +28,9 @@ def main(argv=None) -> int:
     ps.add_argument("-o", "--output", help="write the table as CSV here")
     ps.add_argument("--top", type=int, default=15, help="kernels to print")
     ps.add_argument("--quiet", action="store_true", help="print nothing, only write -o")
+    pc = sub.add_parser("compare", help="kernel tables side by side: time per category")
+    pc.add_argument("tables", nargs="+", metavar="[LABEL=]PATH",
+                    help="profiler outputs or kernel_table.csv files (label: the file's folder)")
     pr = sub.add_parser("roofline", help="print the measured ceilings in a rocprof-compute roofline.csv")
     pr.add_argument("path")
     args = p.parse_args(argv)
@@ -32,6 +38,15 @@ def main(argv=None) -> int:
         if args.command == "roofline":
             for device, metrics in rocprof_compute.read_roofline(args.path).items():
                 print(f"device {device}: {rocprof_compute.describe_ceilings(metrics)}")
+            return 0
+        if args.command == "compare":
+            tables = {}
+            for item in args.tables:
+                label, sep, path = item.partition("=")
+                if not sep:
+                    label, path = Path(item).parent.name if item.endswith(".csv") else Path(item).name, item
+                tables[label] = parse(path)
+            print(format_comparison(tables))
             return 0
         table = parse(args.path, args.tool)
         if args.output:

@@ -159,7 +159,10 @@ run_step() {  # run_step [--to FILE] CMD...: show, run, log; a failure ends the 
     show "$@"
     mkdir -p "$TOOL_OUT"
     local rc=0 log="$TOOL_OUT/$TOOL.log"
-    if [[ -z "${LOG_STARTED:-}" ]]; then : >"$log"; LOG_STARTED=1; fi  # a fresh log per run
+    if [[ -z "${LOG_STARTED:-}" ]]; then  # a fresh log per run, and no table from an older one
+        : >"$log"; LOG_STARTED=1
+        rm -f "$TOOL_OUT/kernel_table.csv" "$TOOL_OUT/results.json"
+    fi
     if [[ -n "$to" ]]; then
         "$@" >"$to" 2>>"$log" || rc=$?   # stdout is data (e.g. a CSV export), not for the screen
     else

@@ -109,5 +109,12 @@ for name in ${RAN[@]+"${RAN[@]}"}; do
 done
 for line in ${SKIPPED_LINES[@]+"${SKIPPED_LINES[@]}"}; do echo "skipped: $line"; done
 for line in ${FAILED[@]+"${FAILED[@]}"}; do echo "failed:  $line"; done
+tables=()
+for name in ${RAN[@]+"${RAN[@]}"}; do
+    [[ -f "$OUT_ROOT/$name/kernel_table.csv" ]] && tables+=("$name=$OUT_ROOT/$name/kernel_table.csv")
+done
+if ((${#tables[@]})); then
+    echo "one kernel table: python -m profiling parse $OUT_ROOT/<profiler>/kernel_table.csv"
+    echo "side by side:     python -m profiling compare ${tables[*]}"
+fi
 if ((${#FAILED[@]})); then exit 1; fi
-echo "compare kernel tables: python -m profiling parse $OUT_ROOT/<profiler>/kernel_table.csv"

@@ -23,11 +23,13 @@ counters slow the step they watch, and warm-up steps are not timed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -39,6 +41,34 @@ from harness.errors import UsageError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_STEPS = 3  # length of the pytorch/window profile: a few steps are plenty
 TOP_N = 15
+
+
+# Lines the profiler's C++ side writes straight to the terminal that say nothing to
+# the reader: Kineto's trace start/stop markers and the CPU allocator's note that
+# memory allocated before the window has no allocation event in it.
+NATIVE_NOISE = ("USDT:", "Memory block of unknown size was allocated before the profiling started")
+
+
+@contextlib.contextmanager
+def native_stderr_filtered(noise=NATIVE_NOISE):
+    """Hold what native code writes to stderr (file descriptor 2) while the block runs,
+    then pass on every line that is not known noise: nothing real is lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not any(n in line for n in noise)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def start(settings, device: torch.device, model: torch.nn.Module):
@@ -79,6 +109,12 @@ class Session:
         if first == 0:
             self._begin()
 
+    @property
+    def steps_text(self) -> str:
+        """The profiled steps as the progress lines count them (from 1): 'steps 6-8'."""
+        first, last = self.first + 1, self.last + 1
+        return f"step {first}" if first == last else f"steps {first}-{last}"
+
     def say(self, text: str) -> None:
         if self.verbose:
             print(text, flush=True)
@@ -97,12 +133,16 @@ class Session:
 
     def finish(self, result: dict) -> None:
         summary = self.summary(result)  # first: it may write files into self.out
-        result["profile"] = {"kind": self.kind, "steps": [self.first, self.last],
+        result["profile"] = {"kind": self.kind, "steps": [self.first + 1, self.last + 1],  # from 1
                              "dir": str(self.out) if self.out.exists() else None,
                              "files": self.files, "notes": self.notes, **summary}
 
     def summary(self, result: dict) -> dict:
         return {}
+
+    def close(self) -> None:
+        """Called by the trainer when the run ends, also when it fails: undo what the
+        session changed in the process (a no-op unless a session overrides it)."""
 
     def write_json(self, name: str, data: dict) -> Path:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -122,6 +162,7 @@ class TorchProfilerSession(Session):
         first, last = profiled_window(settings)
         self.memory = os.environ.get("PROFILE_MEMORY", "0") == "1" and device.type == "cuda"
         self.trace: Path | None = None
+        self._quiet_native = contextlib.ExitStack()
         super().__init__(settings, device, model, first, last)
         self.out.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU]
@@ -146,8 +187,15 @@ class TorchProfilerSession(Session):
         self.trace = max(new, key=lambda p: p.stat().st_mtime) if new else None
 
     def step(self, index: int) -> None:
+        # From the profiler's own warm-up step to its stop, native noise is held back
+        # (the allocator's note comes from inside a training step, not from step()).
+        if index + 2 >= self.first and not self._quiet_native._exit_callbacks:
+            self._quiet_native.enter_context(native_stderr_filtered())
         self.profiler.step()
         super().step(index)
+
+    def close(self) -> None:
+        self._quiet_native.close()
 
     # The allocator snapshot (PROFILE_MEMORY=1, GPU only) records every
     # allocation with its stack during the window; open the pickle at
@@ -167,6 +215,7 @@ class TorchProfilerSession(Session):
         from .parsers import kernel_table, torch_profiler
 
         self.profiler.stop()
+        self.close()
         operators = torch_profiler.operator_records(self.profiler.key_averages())
         self.files["operators"] = str(torch_profiler.write_operator_csv(
             operators, self.out / "operators.csv"))
@@ -183,16 +232,17 @@ class TorchProfilerSession(Session):
             self.notes.append("PROFILE_MEMORY=1 needs a GPU: the allocator snapshot is CUDA/HIP "
                               "only (operators.csv still has CPU memory columns)")
         result["warnings"].append(
-            f"steps {self.first}-{self.last} ran under the PyTorch profiler: "
+            f"{self.steps_text} ran under the PyTorch profiler: "
             f"their timings include its overhead (profile and benchmark in separate runs)")
         super().finish(result)
-        self.say(f"\nPyTorch profiler, steps {self.first}-{self.last} "
+        self.say(f"\nPyTorch profiler, {self.steps_text} "
                  f"({'device' if self.device.type == 'cuda' else 'CPU'} time):")
         self.say(torch_profiler.format_operators(operators, TOP_N))
         self.say(kernel_table.format_table(table, top=10))
         self.say(f"trace (open in https://ui.perfetto.dev): {self.files.get('trace', 'none')}")
-        self.say(f"TensorBoard: tensorboard --logdir {self.out}   "
-                 f"operator table: {self.files['operators']}")
+        self.say(f"operator table: {self.files['operators']}")
+        if importlib.util.find_spec("tensorboard") is not None:
+            self.say(f"TensorBoard: tensorboard --logdir {self.out}")
 
     def summary(self, result: dict) -> dict:
         return {"by_category": {c: round(s, 4) for c, s in self.table.by_category().items() if s}}
@@ -261,12 +311,12 @@ class FlopCountingSession(Session):
         counted = self.counted or 0
         ratio = counted / analytic if analytic else None
         self.notes.extend(self.explain(counted, analytic))
-        data = {"tool": self.kind, "counted_step": self.first, "counts": self.counts,
+        data = {"tool": self.kind, "counted_step": self.first + 1, "counts": self.counts,
                 "scope": self.scope, "counted_flops": counted, "analytic_flops": analytic,
                 "ratio": ratio, "by_op": self.by_op, **self.extra,
                 "analytic_convention": result["flops"]["convention"], "notes": self.notes}
         self.write_json("flops.json", data)
-        self.say(f"\n{self.kind}: step {self.first}, {self.counts}: counted "
+        self.say(f"\n{self.kind}: {self.steps_text}, {self.counts}: counted "
                  f"{counted / 1e9:.4f} GFLOP vs analytic {analytic / 1e9:.4f} GFLOP "
                  f"(ratio {ratio:.3f})")
         for op, n in sorted(self.by_op.items(), key=lambda kv: -kv[1])[:8]:

@@ -359,3 +359,15 @@ def test_the_published_set_passes_its_own_compare(name):
     from analysis_tools.compare import compare_runs
     out = compare_runs([REPO / "docs" / "published" / "h200" / name], plots=False)
     assert out["flags"] == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "--batch-size", "-2"], ["memory", "--seq-len", "0"], ["roofline", "--batch-size", "-4"],
+    ["roofline", "--seq-len", "x"], ["sweep", "--num-steps", "3", "--warmup-steps", "3"],
+    ["sweep", "--warmup-steps", "-1"], ["memory", "--preset", "huge"],
+    *([["roofline", "--device", "cuda", "--measure-ops"]] if not __import__("torch").cuda.is_available() else []),
+])
+def test_every_analysis_command_refuses_impossible_input_in_one_line(argv):
+    out = cli(*argv)
+    assert out.returncode == 2 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("error: "), out.stderr

@@ -41,7 +41,7 @@ def test_pytorch_profiler_through_its_wrapper(tmp_path):
     assert not any(l.startswith(("ProfilerStep", "Optimizer.step")) for l in operators)
     result = json.loads((folder / "results.json").read_text())
     profile = result["profile"]
-    assert profile["kind"] == "pytorch" and profile["steps"] == [2, 4]
+    assert profile["kind"] == "pytorch" and profile["steps"] == [3, 5]  # counted from 1, as the progress lines
     assert Path(profile["files"]["trace"]) == trace and profile["by_category"]["gemm"] > 0
     assert any("PyTorch profiler" in w for w in result["warnings"])
     assert "self CPU ms" in r.stdout and "ui.perfetto.dev" in r.stdout and "by category:" in r.stdout
@@ -55,7 +55,7 @@ def test_flopcounter_counts_one_step_and_matches_the_analytic_model(tmp_path):
     data = json.loads((tmp_path / "flopcounter" / "flops.json").read_text())
     # V1 spells attention as two matmuls, so every FLOP of the convention is visible;
     # 6 steps summed would give a ratio of 6.
-    assert data["counted_step"] == 2 and data["ratio"] == 1.0
+    assert data["counted_step"] == 3 and data["ratio"] == 1.0
     assert data["counted_flops"] == flops.step_flops(cli.PRESETS["tiny"].model, 4, 32)
     assert set(data["by_op"]) == {"aten.mm", "aten.bmm"}
     profile = json.loads((tmp_path / "r.json").read_text())["profile"]
@@ -173,7 +173,7 @@ def test_deepspeed_session_counts_exactly_one_forward(tmp_path):
     session = sessions.start(settings, torch.device("cpu"), model)
     profile = _train(session, settings, model)["profile"]
     analytic = flops.forward_flops(settings.model, 4, 32)
-    assert profile["steps"] == [1, 1] and profile["analytic_flops"] == analytic
+    assert profile["steps"] == [2, 2] and profile["analytic_flops"] == analytic
     assert analytic < profile["counted_flops"] < 1.005 * analytic
     assert "Profile Summary at step 1:" in (tmp_path / "deepspeed" / "deepspeed_profile.txt").read_text()
     saved = json.loads((tmp_path / "deepspeed" / "flops.json").read_text())
@@ -208,4 +208,4 @@ def test_window_marks_nothing_on_a_cpu_and_says_so(tmp_path):
     settings = settings_for("--num-steps", "5", "--warmup-steps", "1", "--profile", "window", "--quiet")
     model = load_version("v1").build_model(settings.model)
     result = _train(sessions.start(settings, torch.device("cpu"), model), settings, model)
-    assert result["profile"]["steps"] == [1, 3] and result["profile"]["notes"] == ["no GPU: nothing to mark"]
+    assert result["profile"]["steps"] == [2, 4] and result["profile"]["notes"] == ["no GPU: nothing to mark"]

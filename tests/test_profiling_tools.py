@@ -204,9 +204,13 @@ def test_profiled_app_really_runs_and_its_failure_propagates(tmp_path):
     import json
     result = json.loads((out / "rocprofv3" / "results.json").read_text())
     assert result["profile"]["kind"] == "window" and result["run"]["num_steps"] == 4
+    assert (out / "rocprofv3" / "kernel_table.csv").exists()
     r = run("profiling/run_rocprofv3.sh", "v1", "--out", out, "--batch-size", "0", tmp_path=tmp_path, env=env)
     assert r.returncode == 2 and "--batch-size must be > 0" in r.stdout + r.stderr
     assert "error: rocprofv3 failed (exit 2)" in r.stderr
+    # a failed run leaves no table (or results) from the run before it to be mistaken for its own
+    assert not (out / "rocprofv3" / "kernel_table.csv").exists()
+    assert not (out / "rocprofv3" / "results.json").exists()
 
 
 # ----------------------------------------------------------------- run_all_profilers.sh
@@ -219,13 +223,18 @@ def test_run_all_on_rocm_runs_skips_and_reports_failures(tmp_path):
     assert r.returncode == 1
     summary = r.stdout[r.stdout.index("=== summary"):].splitlines()
     assert re.fullmatch(rf"ran:     rocprofv3 +\d+ s  {out}/rocprofv3  \(kernel_table.csv\)", summary[1])
-    assert summary[2:] == [
+    assert summary[2:6] == [
         "skipped: rocprof-sys-sample not found (install ROCm >= 6.3 (rocprofiler-systems) and add "
         "/opt/rocm/bin to PATH)",
         "skipped: ncu (needs an NVIDIA (CUDA) GPU; this machine runs rocm)",
         "skipped: nsys (needs an NVIDIA (CUDA) GPU; this machine runs rocm)",
         f"failed:  rocprof-compute (exit 5; log: {out}/rocprof-compute/rocprof-compute.log)"]
     assert [cmd[0] for cmd in logged(tmp_path)] == ["rocprofv3", "rocprof-compute"]
+    # the closing hint is a command that runs: every table written, side by side
+    hint = summary[-1].split("side by side:", 1)[1].split()
+    assert hint[:3] == ["python", "-m", "profiling"] and hint[4:] == [f"rocprofv3={out}/rocprofv3/kernel_table.csv"]
+    compared = subprocess.run([sys.executable, *hint[1:]], cwd=REPO, capture_output=True, text=True)
+    assert compared.returncode == 0 and compared.stdout.startswith("category") and "rocprofv3" in compared.stdout
 
 
 def test_run_all_from_a_version_folder_and_the_root(tmp_path):

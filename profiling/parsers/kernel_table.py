@@ -224,6 +224,23 @@ def format_table(table: KernelTable, top: int = 15, name_width: int = 60) -> str
     return "\n".join(lines)
 
 
+def format_comparison(tables: dict[str, KernelTable]) -> str:
+    """Several kernel tables side by side: milliseconds per category and in total
+    (each table is one profiled window, so equal windows compare directly)."""
+    labels = list(tables)
+    width = max(11, *(len(label) for label in labels))
+    lines = [f"{'category':<11} " + " ".join(f"{label:>{width}}" for label in labels)]
+    for category in CATEGORIES:
+        times = [sum(r.total_us or 0.0 for r in t.rows if r.category == category) / 1000
+                 for t in tables.values()]
+        if any(times):
+            lines.append(f"{category:<11} " + " ".join(f"{ms:>{width}.3f}" for ms in times))
+    lines.append(f"{'total ms':<11} " + " ".join(f"{t.total_us / 1000:>{width}.3f}"
+                                                 for t in tables.values()))
+    lines.append(f"{'kernels':<11} " + " ".join(f"{len(t.rows):>{width}}" for t in tables.values()))
+    return "\n".join(lines)
+
+
 def _pct(x) -> str:
     return "" if x is None else f"{x * 100:.1f}%"
 
