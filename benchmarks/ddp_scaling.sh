@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel scaling on one node: 1 GPU, then DDP on 2 GPUs, then FSDP2 on 2 GPUs.
-# Knobs: STEPS (60), NGPU (2), EXTRA_ARGS (e.g. "--compile", passed to every run), FSDP (1; 0 skips it).
+# Knobs: STEPS (60), WARMUP (10), NGPU (2), EXTRA_ARGS (e.g. "--compile", passed to every run), FSDP (1; 0 skips it).
 #
 #   OUT_DIR=results/ddp bash benchmarks/ddp_scaling.sh
 #
@@ -44,7 +44,7 @@ OUT_DIR=${OUT_DIR:-results/ddp}
 PY=${PYTHON:-python3}
 NGPU=${NGPU:-2}
 STEPS=${STEPS:-60}
-WARMUP=10
+WARMUP=${WARMUP:-10}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 BUDGET_S=${BUDGET_S:-540}
 MIN_RUN_S=45   # a run given less time than this cannot finish: skip it instead

@@ -50,9 +50,9 @@ def host_us(fn, calls: int = 200, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def cases(tk):
-    """(name, callable) pairs on tiny tensors: the GPU work is a few microseconds."""
-    dev, dt = "cuda", torch.bfloat16
+def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
+    """(name, callable) pairs on tiny tensors: the GPU work is a few microseconds.
+    (On the CPU, under Triton's interpreter and in fp32, the tests call each once.)"""
     x = torch.randn(8, 1024, device=dev, dtype=dt, requires_grad=True)
     w = torch.ones(1024, device=dev, dtype=dt, requires_grad=True)
     gy = torch.randn_like(x)
@@ -64,8 +64,9 @@ def cases(tk):
     from version3_triton.kernels.rmsnorm import _rmsnorm_fwd_kernel
 
     def raw_rmsnorm_launch():  # the Triton launch alone, every argument fixed, no autotuner
-        _rmsnorm_fwd_kernel[(8,)](x, w, y, rstd, 8, 1024, 1024, 1024, 1e-5,
-                                  BLOCK_ROWS=1, BLOCK_COLS=1024, num_warps=4, num_stages=1)
+        _rmsnorm_fwd_kernel[(8,)](x, x, w, y, y, rstd, 8, 1024, 1024, 0, 1024, 1e-5,
+                                  ADD_DELTA=False, BLOCK_ROWS=1, BLOCK_COLS=1024,
+                                  num_warps=4, num_stages=1)
 
     def grads(fn, inputs, grad_out):
         return lambda: torch.autograd.grad(fn(*inputs), inputs, grad_out)
