@@ -308,7 +308,7 @@ def build_parser() -> OneLineParser:
     g.add_argument("results", nargs="+", help="new results JSONs or folders")
     g.add_argument("--baseline", required=True,
                    help="baseline results JSON or folder; make one from results you trust: "
-                        "mkdir -p baseline && cp results/workshop/*.json baseline/")
+                        "mkdir -p results/baseline && cp results/workshop/*.json results/baseline/")
     g.add_argument("--tolerance", help="e.g. throughput=0.05,memory=0.10,loss=0.02 (fractions)")
     g.set_defaults(func=cmd_regress)
 

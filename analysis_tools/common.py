@@ -91,7 +91,7 @@ def save_figure(fig, out_dir, name: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # legends placed beside the axes stay whole
     plt.close(fig)
     return path
 

@@ -312,6 +312,7 @@ def plot_throughput(df: pd.DataFrame, out_dir, name="compare_throughput.png", re
     """Bars of tokens/s, labelled with the speed-up against V1; whiskers: min..max over repeats."""
     fig, ax = _bars(len(df))
     spread = [r.get("repeats", {}).get("tokens_per_s") for r in results] if results else [None] * len(df)
+    spread = [s if s and len(s) > 1 else None for s in spread]  # one repeat has no range to draw
     errors = [[t - min(s) if s else 0 for t, s in zip(df["tokens/s"], spread)],
               [max(s) - t if s else 0 for t, s in zip(df["tokens/s"], spread)]]
     bars = ax.bar(df["run"], df["tokens/s"], color="tab:blue",

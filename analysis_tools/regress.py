@@ -18,8 +18,8 @@ ends by checking its comparisons against the published set this way.
 
 A baseline is any results you trust, kept where new runs do not overwrite them:
 
-    mkdir -p baseline && cp results/workshop/*.json baseline/
-    python -m analysis_tools regress --baseline baseline/ results/workshop
+    mkdir -p results/baseline && cp results/workshop/*.json results/baseline/
+    python -m analysis_tools regress --baseline results/baseline/ results/workshop
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from .common import AnalysisError, peak_memory_mb, run_label
 DEFAULT_TOLERANCES = {"throughput": 0.05, "memory": 0.10, "loss": 0.02}
 # How each metric's values are shown: tokens/s as whole numbers, MB, loss to 4 places.
 DISPLAY = {"throughput": ("{:,.0f} tok/s"), "memory": "{:,.1f} MB", "loss": "{:.4f}"}
-MAKE_BASELINE = ("make one from results you trust: `mkdir -p baseline && cp results/workshop/*.json "
-                 "baseline/`, then `--baseline baseline/`")
+MAKE_BASELINE = ("make one from results you trust: `mkdir -p results/baseline && cp "
+                 "results/workshop/*.json results/baseline/`, then `--baseline results/baseline/`")
 METRICS = {  # name: (how to read it, +1 if higher is better else -1)
     "throughput": (lambda r: r["throughput"]["tokens_per_s"], +1),
     "memory": (peak_memory_mb, -1),

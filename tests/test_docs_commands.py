@@ -336,3 +336,43 @@ def test_extraction_handles_fences_continuations_and_inline(tmp_path):
 def quoted_commands_at(path: Path) -> list[Quoted]:
     with mock.patch(f"{__name__}.REPO", path.parent):
         return quoted_commands(path)
+
+
+# ------------------------------------------------------------------ GPU-sized commands
+# A command sized for a GPU: a training run at a GPU preset, graphs, a benchmark of GPU
+# kernels or launches, the multi-GPU script, the publishing run. On a laptop each runs for
+# minutes to hours (or refuses), so the docs mark it; a CPU user takes the command marked CPU.
+GPU_SIZED = re.compile(
+    r"(tiny_llama_v\d|stage\d_\w+\.py|run_all_stages|analysis_tools sweep|compare_versions"
+    r"|run_all_profilers|benchmarks\.ceilings|benchmarks/ceilings)[^#]*--preset[ =](small|medium|large)\b"
+    r"|^[^#]*--compile-mode[ =]reduce-overhead|benchmarks/host_overhead\.py|ddp_scaling\.sh"
+    r"|reproduce\.sh(?![^#]*--(quick|list))|^make results\b|bench_kernels\.py(?![^#]*--quick)")
+
+
+def fenced_lines(path: Path):
+    """(line number, line) of every line inside a shell code block of a doc."""
+    fence = None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip().startswith("```"):
+            fence = None if fence is not None else line.strip()[3:].strip().lower()
+        elif fence in SHELL_LANGS - {""}:
+            yield number, line
+
+
+def test_gpu_sized_commands_are_marked_and_every_exercise_has_a_cpu_path():
+    unmarked, no_cpu_path = [], []
+    for path in doc_files():
+        doc = str(path.relative_to(REPO))
+        if doc == "docs/RESULTS.md":  # generated: the GPU results page and its reproduce command
+            continue
+        comments = []
+        for number, line in fenced_lines(path):
+            code, _, comment = line.partition(" # ")
+            comments.append(comment)
+            if (not line.strip().startswith("#") and not line.rstrip().endswith("\\")
+                    and GPU_SIZED.search(line.strip()) and "GPU" not in comment):
+                unmarked.append(f"{doc}:{number}: {line.strip()}")
+        if doc.startswith("exercises/version") and not any("CPU" in c for c in comments):
+            no_cpu_path.append(doc)
+    assert unmarked == [], "mark these '# GPU' (and give a CPU-sized command beside them):\n" + "\n".join(unmarked)
+    assert no_cpu_path == [], f"exercises without a command marked '# CPU': {no_cpu_path}"

@@ -301,7 +301,8 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
                      num(r["x_v1_eager"], ".2f"), num(r["step_ms"], ".2f"),
                      " / ".join(num(r.get(f"{p}_ms"), ".2f") for p in ("forward", "backward", "optimizer")),
                      pct(r["mfu_datasheet"]), pct(r["mfu_measured_ceiling"]), num(r["peak_memory_mb"])])
-    return table(["version", "mode", "tokens/s (min..max)", "x V1", "step ms", "fwd / bwd / opt ms",
+    speed_column = "tokens/s (min..max)" if c["repeats"] > 1 else "tokens/s"  # one run: no range
+    return table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
 
 
@@ -312,8 +313,10 @@ def compare_caption(s: dict, preset: str) -> str:
     cfg = c["config"]
     return (f"{c['preset'].capitalize()} preset (hidden {cfg['hidden_dim']}, {cfg['num_layers']} layers, "
             f"{cfg['num_heads']} heads, batch {c['batch_size']} x seq {c['seq_len']}), {c['precision']}: "
-            f"median of {c['repeats']} interleaved repeats of {c['num_steps'] - c['warmup_steps']} timed "
-            f"steps each; measured matmul ceiling {num(c['ceiling_tflops'], '.0f')} TFLOP/s, datasheet "
+            + (f"median of {c['repeats']} interleaved repeats of {c['num_steps'] - c['warmup_steps']} timed "
+               f"steps each;" if c["repeats"] > 1 else
+               f"one interleaved run, median of {c['num_steps'] - c['warmup_steps']} timed steps;")
+            + f" measured matmul ceiling {num(c['ceiling_tflops'], '.0f')} TFLOP/s, datasheet "
             f"peak {num(c['datasheet_tflops'], '.0f')} TFLOP/s. Command: `{c['command']}`.")
 
 
