@@ -7,7 +7,7 @@ time hid behind compute.
     python -m analysis_tools overlap rank0/pytorch/*.pt.trace.json
 
 The runs come from harness/parallel.py (the DDP/FSDP2 wrapping) and record
-the communication probe of benchmarks/comm.py; docs/MULTI_GPU.md explains both.
+the communication probe of harness/parallel.py; docs/MULTI_GPU.md explains both.
 """
 from __future__ import annotations
 

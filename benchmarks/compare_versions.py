@@ -69,7 +69,7 @@ MODE_FLAGS.update({f"{mode}-master": [*MODE_FLAGS[mode], "--optimizer", "master"
                    for mode in ("compile", "reduce-overhead")})
 # The workshop's speed targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
 # A target on the measured ceiling is judged only when the ceiling probes before and
-# after the runs agree within benchmarks.ceilings.STABLE_PERCENT; the datasheet MFU is shown beside it.
+# after the runs agree within harness.probes.STABLE_PERCENT; the datasheet MFU is shown beside it.
 CEILING_TARGET = "V4 best >= 55% MFU of the measured matmul ceiling"
 TARGETS = [
     ("medium", "V2 best >= 1.3x V1", lambda s: s.ratio(s.best("v2"), s.speed("v1", "eager")), 1.3),
@@ -265,7 +265,7 @@ class Summary:
 
     def targets(self, preset: str) -> list[dict]:
         checks = []
-        from benchmarks.ceilings import STABLE_PERCENT
+        from harness.probes import STABLE_PERCENT
 
         for target_preset, claim, measure, threshold in TARGETS:
             if target_preset != preset:
@@ -430,7 +430,7 @@ def split_list(text: str, allowed, flag: str) -> list[str]:
 
 def compare(args) -> dict:
     import torch
-    from benchmarks import ceilings
+    from harness import probes
     from harness import trainer
     from harness.device import describe, resolve_device
 
@@ -473,7 +473,7 @@ def compare(args) -> dict:
         report["repeats"] = args.repeats
         report["ceiling"].update(matmul_tflops=probe["tflops"], probes=[probe], spread_percent=None)
     else:
-        probe = ceilings.matmul_probe(device, precision)
+        probe = probes.matmul_probe(device, precision)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the probe's matrices: give their memory back to the runs
     ceiling = probe["tflops"]
@@ -486,7 +486,7 @@ def compare(args) -> dict:
                   "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
                   "warmup_steps": args.warmup_steps, "repeats": args.repeats,
                   "ceiling": {"matmul_tflops": ceiling, "probes": [probe], "spread_percent": None,
-                              "source": f"measured: benchmarks.ceilings.matmul_probe({precision}), "
+                              "source": f"measured: benchmarks.probes.matmul_probe({precision}), "
                                         "before and after the runs; the higher of the two"},
                   "settings": settings, "complete": False,
                   "runs": [], "summary": [], "targets": []}
@@ -513,8 +513,8 @@ def compare(args) -> dict:
                 report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
                 _write_json(output, report)
     # The ceiling again, after the runs: a target is judged on it only if it held still.
-    again = ceilings.matmul_probe(device, precision)
-    spread = ceilings.spread_percent(ceiling, again["tflops"])
+    again = probes.matmul_probe(device, precision)
+    spread = probes.spread_percent(ceiling, again["tflops"])
     report["ceiling"].update(matmul_tflops=max(ceiling, again["tflops"]), spread_percent=spread)
     report["ceiling"]["probes"].append(again)
     summary = Summary(report["runs"], report["ceiling"]["matmul_tflops"], spread)

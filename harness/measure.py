@@ -46,17 +46,6 @@ def median_ms(device: torch.device, work, warmup: int = 3, repeats: int = 10,
     return summarize(samples)["median"]
 
 
-def cpu_matmul_flops(n: int = 512, repeats: int = 5) -> float:
-    """FLOP/s of an n x n fp32 matrix product on this CPU, with this process's threads:
-    a ~50 ms probe whose rate bounds what a training step can reach here."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # the first product pays for thread start-up and the BLAS's set-up
-    started = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n ** 3 * repeats / max(time.perf_counter() - started, 1e-9)
-
-
 def capture_graph(fn, calls: int, warmup_calls: int = 1):
     """`calls` calls of fn captured as one CUDA/HIP graph; returns its replay.
 

@@ -12,7 +12,7 @@ import torch
 
 from . import data as data_mod
 from . import device as dev
-from . import flops, master_weights, measure, parallel, results
+from . import flops, master_weights, measure, parallel, probes, results
 from .config import PRECISIONS, RunSettings
 from .errors import NonFiniteLoss, OutOfMemory, UsageError
 
@@ -88,7 +88,7 @@ def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
     if device.type != "cpu":
         return None
     step_flops = flops.step_flops(settings.model, settings.global_batch_size(), settings.seq_len)
-    step_s = step_flops / measure.cpu_matmul_flops()
+    step_s = step_flops / probes.cpu_matmul_flops()
     if step_s * settings.num_steps < GPU_SIZED_S:
         return None
     script = settings.command.split()[1] if len(settings.command.split()) > 1 else "<script>"
@@ -240,8 +240,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                                rank=ctx.rank, world_size=ctx.world_size)
     measured_peak = None
     if settings.measure_peak:
-        from benchmarks.ceilings import measure_matmul_tflops
-        measured_peak = measure_matmul_tflops(device, precision)
+        measured_peak = probes.measure_matmul_tflops(device, precision)
 
     profiler = None
     if settings.profile:

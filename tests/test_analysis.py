@@ -169,7 +169,7 @@ def test_bad_input_is_one_line(v1, tmp_path):
 
 # ---------------------------------------------------------------- ceilings
 def test_ceiling_probes_on_cpu():
-    from benchmarks.ceilings import measure_copy_gbs, measure_matmul_tflops
+    from harness.probes import measure_copy_gbs, measure_matmul_tflops
     assert measure_matmul_tflops("cpu", "fp32") > 0
     assert measure_copy_gbs("cpu", 1 << 22) > 0
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from analysis_tools import scaling
-from benchmarks.comm import measure_communication
+from harness.parallel import measure_communication
 from conftest import REPO, load_version, run_cli
 from harness import data, parallel
 from harness.errors import GradientFlowError, UsageError

@@ -87,7 +87,7 @@ def test_a_run_that_cannot_time_a_warm_step_or_use_graphs_says_so(tmp_path):
 
 def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
     from harness import cli, trainer
-    monkeypatch.setattr(trainer.measure, "cpu_matmul_flops", lambda: 100e9)  # a 100 GFLOP/s CPU
+    monkeypatch.setattr(trainer.probes, "cpu_matmul_flops", lambda: 100e9)  # a 100 GFLOP/s CPU
     args = cli.build_parser("v1", "").parse_args(["--preset", "medium"])
     settings = cli.settings_from_args("v1", args, ["--preset", "medium"])
     settings.command = "python version1_baseline/tiny_llama_v1.py --preset medium"

@@ -183,7 +183,7 @@ def test_gpu_sdpa_sweep_times_device_work():
 
 
 def test_gpu_matmul_ceiling_is_stable():
-    from benchmarks import ceilings
+    from harness import probes
 
-    first, second = (ceilings.matmul_probe("cuda", "bf16")["tflops"] for _ in range(2))
-    assert ceilings.spread_percent(first, second) <= ceilings.STABLE_PERCENT, (first, second)
+    first, second = (probes.matmul_probe("cuda", "bf16")["tflops"] for _ in range(2))
+    assert probes.spread_percent(first, second) <= probes.STABLE_PERCENT, (first, second)

@@ -11,7 +11,7 @@ import torch
 
 from benchmarks import ceilings
 from conftest import REPO, load_version, run_cli
-from harness import ModelConfig
+from harness import ModelConfig, probes
 
 
 def compare_versions():
@@ -78,10 +78,10 @@ def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
 # ---- the matmul ceiling ------------------------------------------------------------------
 def test_matmul_probe_reports_the_best_median_of_several_shapes(monkeypatch):
     shapes = ((64, 64, 64), (128, 64, 32), (32, 64, 128))
-    monkeypatch.setitem(ceilings.MATMUL_SHAPES, "cpu", shapes)
+    monkeypatch.setitem(probes.MATMUL_SHAPES, "cpu", shapes)
     medians = iter([2.0, 1.0, 4.0])  # ms, one per shape
-    monkeypatch.setattr(ceilings, "median_ms", lambda *a, **k: next(medians))
-    probe = ceilings.matmul_probe("cpu", "fp32")
+    monkeypatch.setattr(probes, "median_ms", lambda *a, **k: next(medians))
+    probe = probes.matmul_probe("cpu", "fp32")
     flop = 2 * 64 * 64 * 64
     assert probe["shapes"] == pytest.approx({"64x64x64": flop / 2e9, "128x64x32": flop / 1e9,
                                              "32x64x128": flop / 4e9})

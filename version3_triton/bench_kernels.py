@@ -62,7 +62,7 @@ if not torch.cuda.is_available():  # before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
-from benchmarks.ceilings import measure_copy_gbs  # noqa: E402
+from harness.probes import measure_copy_gbs  # noqa: E402
 from harness.cli import OneLineParser  # noqa: E402
 from harness.measure import capture_graph  # noqa: E402
 from harness.results import git_commit  # noqa: E402
