@@ -1,6 +1,7 @@
 # Two commands set up and run everything:
 #   make workshop   install (if needed), then train every version on this machine's device
 #   make test       install test extras (if needed), then run the test suite
+#                   (make test-slow: the few slow tests it leaves out, which CI runs once)
 # And for instructors:
 #   make notebooks  install JupyterLab (if needed) and open the four notebooks
 #   make results    (on a GPU) re-measure every published number (benchmarks/reproduce.sh; ARGS="compare-medium" for one step)
@@ -8,12 +9,15 @@
 # Afterwards run scripts in the project's environment: source .venv/bin/activate
 PY := .venv/bin/python
 
-.PHONY: workshop test install clean results notebooks
+.PHONY: workshop test test-slow install clean results notebooks
 workshop: .venv/.installed
 	$(PY) -m harness.workshop $(ARGS)
 
 test: .venv/.installed-test
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: .venv/.installed-test
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 install: .venv/.installed
 

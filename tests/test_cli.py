@@ -164,14 +164,6 @@ def test_progress_lines_and_quiet(tmp_path):
     assert quiet.returncode == 0 and quiet.stdout == ""
 
 
-def test_workshop_runs_end_to_end_on_cpu(tmp_path):
-    proc = run_cli(["-m", "harness.workshop", "--preset", "tiny", "--num-steps", "4",
-                    "--out-dir", tmp_path], timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    assert "tokens/s" in proc.stdout and "v1" in proc.stdout
-    assert json.loads((tmp_path / "v1.json").read_text())["version"] == "v1"
-
-
 def test_out_of_memory_while_building_is_exit_3(tmp_path, capsys):
     def too_big(cfg):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")

@@ -28,7 +28,7 @@ def test_the_runtime_install_brings_triton_and_ci_runs_the_workshop_first():
     assert '[ "$extra" = "test" ] && ! "$VPY" -c \'import triton\'' not in install
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     steps = [line for line in ci if line.startswith("make ")]
-    assert steps == ['make workshop ARGS="--quick"', "make test"]
+    assert steps == ['make workshop ARGS="--quick"', "make test", "make test-slow"]
 
 
 # ---------------------------------------------------------------- environment

@@ -39,22 +39,15 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402,F401
+                                    compare_caption, num, pct, ratio, speed, table)
 PUBLISHED = REPO / "docs" / "published"
 PRIMARY_GPU = "h200"  # the set README.md, docs/RESULTS.md and the exercises quote
 SCHEMA = "published/1"
 BLOCK = re.compile(r"(<!-- published:([a-z0-9-]+) -->\n)(.*?)(<!-- /published -->)", re.S)
 MARKDOWN = ["README.md", "docs/*.md", "exercises/**/*.md", "version*/README.md",
             "version*/**/README.md"]
-PLACEHOLDER = ("*Not yet measured on this GPU model: run `bash benchmarks/reproduce.sh` on it, "
-               "copy `results/published/<gpu>` into `docs/published/`, then run "
-               "`python tools/publish.py`.*")
-MODE_NAMES = {"eager": "eager", "compile": "compiled", "reduce-overhead": "compiled + graphs",
-              "reduce-overhead-master": "compiled + graphs + master weights",
-              "compile-master": "compiled + master weights", "max-autotune": "compiled, max-autotune"}
-VERSION_NAMES = {"v1": "V1 baseline", "v2": "V2 fused", "v3": "V3 Triton", "v4": "V4 SDPA",
-                 "hf": "HF LlamaForCausalLM (peer)"}
-
-
 # ---------------------------------------------------------------- naming the GPU
 def gpu_slug(name: str | None = None) -> str:
     """'NVIDIA H200' -> 'h200', 'AMD Instinct MI300X' -> 'mi300x'; no GPU -> 'cpu'."""
@@ -232,7 +225,6 @@ def collect(work: Path, out: Path) -> dict:
 def _plots(compare_json: Path, out: Path) -> None:
     """Throughput and step-time plots of one comparison (the memory and loss plots are left out)."""
     try:
-        sys.path.insert(0, str(REPO))
         from analysis_tools.compare import compare_runs
         made = compare_runs([str(compare_json)], out_dir=str(out))["plots"]
     except Exception as e:  # plots are a nicety: the numbers are published without them
@@ -244,19 +236,6 @@ def _plots(compare_json: Path, out: Path) -> None:
 
 
 # ---------------------------------------------------------------- formatting
-def num(value, spec: str = ",.0f", scale: float = 1.0) -> str:
-    return "-" if value is None else format(value * scale, spec)
-
-
-def pct(value) -> str:
-    return num(value, ".1f", 100) + ("%" if value is not None else "")
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def provenance(s: dict) -> str:
     d = s.get("device") or {}
     return (f"Measured on {d.get('name', '?')} (torch {d.get('torch', '?')}), "
@@ -304,36 +283,6 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
     speed_column = "tokens/s (min..max)" if c["repeats"] > 1 else "tokens/s"  # one run: no range
     return table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
-
-
-def compare_caption(s: dict, preset: str) -> str:
-    c = s["compare"].get(preset)
-    if not c:
-        return ""
-    cfg = c["config"]
-    return (f"{c['preset'].capitalize()} preset (hidden {cfg['hidden_dim']}, {cfg['num_layers']} layers, "
-            f"{cfg['num_heads']} heads, batch {c['batch_size']} x seq {c['seq_len']}), {c['precision']}: "
-            + (f"median of {c['repeats']} interleaved repeats of {c['num_steps'] - c['warmup_steps']} timed "
-               f"steps each;" if c["repeats"] > 1 else
-               f"one interleaved run, median of {c['num_steps'] - c['warmup_steps']} timed steps;")
-            + f" measured matmul ceiling {num(c['ceiling_tflops'], '.0f')} TFLOP/s, datasheet "
-            f"peak {num(c['datasheet_tflops'], '.0f')} TFLOP/s. Command: `{c['command']}`.")
-
-
-def speed(s: dict, preset: str, version: str, mode: str):
-    for r in s["compare"].get(preset, {}).get("rows", []):
-        if (r["version"], r["mode"]) == (version, mode):
-            return r
-    return {}
-
-
-def best(s: dict, preset: str, version: str) -> dict:
-    rows = [r for r in s["compare"].get(preset, {}).get("rows", []) if r["version"] == version and r["tokens_per_s"]]
-    return max(rows, key=lambda r: r["tokens_per_s"], default={})
-
-
-def ratio(a: dict, b: dict) -> str:
-    return f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x" if a.get("tokens_per_s") and b.get("tokens_per_s") else "-"
 
 
 def kernels_table(s: dict) -> str:
@@ -615,5 +564,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     sys.exit(main())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 def page(s: dict | None, image_dir: str, render) -> str:
-    from tools.publish import MODE_NAMES, PLACEHOLDER, best, num, pct, ratio, speed
+    from tools.published_format import MODE_NAMES, PLACEHOLDER, best, num, pct, ratio, speed
 
     def block(name: str) -> str:
         return render(name, s)
@@ -213,13 +213,13 @@ def page(s: dict | None, image_dir: str, render) -> str:
 
 
 def _caption(s, preset: str) -> str:
-    from tools.publish import compare_caption
+    from tools.published_format import compare_caption
     return compare_caption(s, preset) if s else ""
 
 
 def _ceilings_text(c: dict) -> str:
     """Measured against datasheet, per precision, and the copy bandwidth."""
-    from tools.publish import num, pct, table
+    from tools.published_format import num, pct, table
     measured, sheet = c.get("measured", {}), c.get("datasheet") or {}
     rows = [[f"matmul {p}", num(v, ",.0f") + " TFLOP/s", num(sheet.get(p), ",.0f") + " TFLOP/s",
              pct(v / sheet[p]) if sheet.get(p) else "-"]

@@ -22,21 +22,19 @@ Forcing a configuration (exercise V3-3), for one kernel of KERNEL_NAMES:
     kernels.FORCED_CONFIGS["attn_fwd"] = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4)
 
 `chosen_configs()` (common.py) tells which configuration each kernel ran with last.
-The target facts (Target, current_target) live in common.py, which launches
+The target facts (Target, current_target) live in target.py; common.py launches
 kernels with what this file chooses.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import triton
 
-from . import common
-
-if TYPE_CHECKING:
-    from .common import Target
+from . import target as gpu  # the target facts: gpu.backend(), gpu.current_target(), ...
+from .target import Target
 
 KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
                 "swiglu_fwd", "swiglu_bwd")
@@ -227,7 +225,7 @@ def attention_configs(kernel: str, target: Target, head_dim: Optional[int] = Non
         for configs in table.values():
             union += [c for c in configs if c not in union]
         return union
-    width = max(16, common.next_power_of_2(head_dim))
+    width = max(16, gpu.next_power_of_2(head_dim))
     return table[min((k for k in table if k >= width), default=max(table))]
 
 
@@ -243,7 +241,7 @@ def attention_shared_bytes(kernel: str, config: dict, width: int, elem_bytes: in
     """
     stages = max(1, config.get("num_stages", 1))
     m, n = config.get("BLOCK_M", 0), config.get("BLOCK_N", 0)
-    d = max(16, common.next_power_of_2(width))
+    d = max(16, gpu.next_power_of_2(width))
     if kernel == "attn_fwd":         # Q resident; K, V streamed
         tiles = m * d + stages * 2 * n * d
     elif kernel == "attn_bwd_dkdv":  # K, V resident; Q, dO streamed; P^T / dS^T
@@ -332,14 +330,14 @@ def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict
     config, spec = dict(config), SPECS[kernel]
     spec.check(config)
     need = spec.shared_bytes(config, width, elem_bytes)
-    if common.backend() == "hip":
-        lds = common.current_target().shared_bytes
+    if gpu.backend() == "hip":
+        lds = gpu.current_target().shared_bytes
         if need > lds:
             raise ValueError(f"{kernel}: config {config} needs ~{need // 1024} KiB of LDS, above "
                              f"the {lds // 1024} KiB an AMD GPU has per workgroup")
     config.setdefault("num_warps", 4)
-    config.setdefault("num_stages", 1 if common.backend() == "hip" else 2)
-    return usable_on(config, common.current_target())
+    config.setdefault("num_stages", 1 if gpu.backend() == "hip" else 2)
+    return usable_on(config, gpu.current_target())
 
 
 # ---- the autotuner's prune ----------------------------------------------------------
