@@ -11,7 +11,7 @@ PY := .venv/bin/python
 
 .PHONY: workshop test test-slow install clean results notebooks
 workshop: .venv/.installed
-	$(PY) -m harness.workshop $(ARGS)
+	$(PY) -m training.workshop $(ARGS)
 
 test: .venv/.installed-test
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

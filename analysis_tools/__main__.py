@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.cli import OneLineParser
+from harness.args import OneLineParser
 from harness.config import PRECISIONS, VERSIONS, parse_precisions
 from harness.errors import WorkshopError
 
@@ -160,7 +160,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from harness.workshop import device_preset
+    from training.workshop import device_preset
     from .sweep import grid, plot_sweep, run_sweep
     if args.warmup_steps >= args.num_steps:
         raise AnalysisError(f"--warmup-steps ({args.warmup_steps}) must be below --num-steps "

@@ -69,30 +69,61 @@ IMPLEMENTATIONS = {"v1": Implementation(scores_fp32_copy=True), "v2": _V2,
                    "v4": replace(_V2, attention="flash", gqa_native=True)}
 
 
+# What each switch a results JSON records changes in what autograd keeps alive, by its
+# exact option name (a version's switches are listed in its model_options). V3's Triton
+# RMSNorm and SwiGLU kernels save what a fused kernel saves (implementation_for applies
+# them after V2's switches). A switch in NO_MEMORY_EFFECT changes how the work is done
+# but not which tensors are saved: the fused residual add stores h either way, the QKV
+# gradient written in one piece is a transient of backward, and RoPE's placement keeps
+# q and k the same size. A switch in neither table is refused, so a new switch must say
+# here what it does to memory.
+SWITCHES = {
+    "fused_qkv": lambda impl, on: replace(impl, fused_qkv=on),
+    "fused_gate_up": lambda impl, on: replace(impl, fused_gate_up=on),
+    "fused_rmsnorm": lambda impl, on: replace(impl, fused_norm=on),
+    "fused_swiglu": lambda impl, on: replace(impl, fused_swiglu=on),
+    # V3 without its attention kernels runs V2's attention: T x T scores, k/v repeated
+    "triton_attention": lambda impl, on: impl if on else replace(impl, attention="explicit",
+                                                                 gqa_native=False),
+    "gqa": lambda impl, value: replace(impl, gqa_native=value != "repeat"),
+    # SDPA's math backend materialises the scores like V1
+    "sdpa_backend": lambda impl, value: replace(impl, attention="explicit") if value == "math" else impl,
+}
+TRITON_SAVES_LIKE_FUSED = {"triton_rmsnorm", "triton_swiglu"}  # see triton_kernels below
+NO_MEMORY_EFFECT = {"fused_residual_norm", "fused_qkv_grad", "triton_rope", "rope_in_attention",
+                    "sdpa_kernel", "kernel_configs"}
+
+
+def triton_kernels(version: str, options: dict) -> tuple[bool, bool]:
+    """(Triton RMSNorm runs, Triton SwiGLU runs): V3's defaults, its switches, and the
+    rule that the SwiGLU kernel works on the one gate+up GEMM's output."""
+    if version != "v3":
+        return False, False
+    norm = bool(options.get("triton_rmsnorm", True))
+    swiglu = bool(options.get("triton_swiglu", True) and options.get("fused_gate_up", True))
+    return norm, swiglu
+
+
 def implementation_for(version: str, options: dict | None = None, run: dict | None = None,
                        device_type: str = "cuda") -> Implementation:
-    """A version's defaults, corrected by the switches its results JSON records."""
+    """A version's defaults, changed by the switches its results JSON records (SWITCHES)."""
     impl = IMPLEMENTATIONS.get(version, Implementation())
-    for key, value in (options or {}).items():
-        key = key.lower()
-        if key == "gqa":
-            impl = replace(impl, gqa_native=value != "repeat")
-        elif isinstance(value, bool):
-            if "qkv" in key:
-                impl = replace(impl, fused_qkv=value)
-            elif "gate_up" in key or "mlp" in key:
-                impl = replace(impl, fused_gate_up=value)
-            elif "norm" in key:
-                impl = replace(impl, fused_norm=value)
-            elif "swiglu" in key or "silu" in key:
-                impl = replace(impl, fused_swiglu=value)
-        elif isinstance(value, str) and ("sdpa" in key or "attention" in key) and "math" in value.lower():
-            impl = replace(impl, attention="explicit")  # SDPA's math backend materialises scores
-    if device_type == "cpu":
-        # V2's one-kernel SiLU*mul is generated for GPUs only, and F.rms_norm has
-        # a fused kernel on GPUs only (on the CPU it is V1's maths); V3's Triton
-        # RMSNorm saves only x and 1/rms everywhere.
-        impl = replace(impl, fused_swiglu=False, fused_norm=impl.fused_norm and version == "v3")
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(SWITCHES) - TRITON_SAVES_LIKE_FUSED - NO_MEMORY_EFFECT)
+    if unknown and version in IMPLEMENTATIONS:  # others (the HF peer, debugging stages): defaults
+        raise AnalysisError(f"the memory model does not know the switch(es) {', '.join(unknown)} "
+                            f"of {version}: add each to analysis_tools/memory.py SWITCHES "
+                            f"(what it changes) or NO_MEMORY_EFFECT")
+    for key, value in options.items():
+        if key in SWITCHES:
+            impl = SWITCHES[key](impl, value)
+    # V2's one-kernel SiLU*mul is generated for GPUs only, and F.rms_norm has a fused
+    # kernel on GPUs only (on the CPU it is V1's maths); V3's Triton kernels save only
+    # their inputs (x and 1/rms; g and u) everywhere.
+    gpu = device_type != "cpu"
+    triton_norm, triton_swiglu = triton_kernels(version, options)
+    impl = replace(impl, fused_norm=(impl.fused_norm and gpu) or triton_norm,
+                   fused_swiglu=(impl.fused_swiglu and gpu) or triton_swiglu)
     choice = (run or {}).get("optimizer", "default")
     if choice == "fused" and device_type == "cuda":
         impl = replace(impl, optimizer="fused")
@@ -313,7 +344,7 @@ def saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor, precision:
     Distinct storages only (views share them); parameters are excluded and
     low-precision weight copies reported separately.
     """
-    from harness.trainer import autocast_for
+    from harness.precision import autocast_for
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, tuple] = {}
@@ -402,7 +433,7 @@ def trace_step(version: str, cfg: ModelConfig, batch: int, seq: int, precision: 
     Everything (model, optimizer state, activations) is created under the
     tracker, so its peak is comparable with max_memory_allocated.
     """
-    from harness import trainer
+    from training import trainer
 
     module = load_version(version)
     dev = torch.device(device)

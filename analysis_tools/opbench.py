@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from harness.measure import median_ms
 from harness.config import PRECISIONS, ModelConfig
-from harness.trainer import configure_matmul_precision
+from harness.precision import configure_matmul_precision
 
 from .ops import training_ops
 

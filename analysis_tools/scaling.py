@@ -6,15 +6,15 @@ time hid behind compute.
     python -m analysis_tools scaling single.json ddp.json [fsdp.json ...] [--json out.json]
     python -m analysis_tools overlap rank0/pytorch/*.pt.trace.json
 
-The runs come from harness/parallel.py (the DDP/FSDP2 wrapping) and record
-the communication probe of harness/parallel.py; docs/MULTI_GPU.md explains both.
+The runs come from training/parallel.py (the DDP/FSDP2 wrapping) and record
+the communication probe of training/parallel.py; docs/MULTI_GPU.md explains both.
 """
 from __future__ import annotations
 
 import json
 
 from harness.errors import UsageError
-from harness.parallel import BUCKET_MB
+from training.parallel import BUCKET_MB
 
 
 # ---------------------------------------------------------------- scaling efficiency

@@ -18,7 +18,7 @@ import pandas as pd
 from harness.config import PRESETS, VERSIONS
 from harness.errors import EXIT_CODES
 from harness.results import SchemaError, load
-from harness.workshop import REPO
+from training.workshop import REPO
 
 from .common import AnalysisError, plt, save_figure
 

@@ -109,7 +109,7 @@ def gemm_shapes(device, shapes: dict = GEMM_SHAPES, scales=(1.0, 0.02)) -> dict:
 # ---------------------------------------------------------------- command line
 def build_parser():
     from analysis_tools.common import out_dir_default
-    from harness.cli import OneLineParser
+    from harness.args import OneLineParser
 
     p = OneLineParser(prog="python -m benchmarks.ceilings",
                       description="Measure this device's matmul peak per precision and its "

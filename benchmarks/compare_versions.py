@@ -50,9 +50,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import harness  # noqa: E402
+import training  # noqa: E402
 from harness import UsageError, WorkshopError  # noqa: E402
 from harness import results as run_results  # noqa: E402
-from harness.cli import OneLineParser  # noqa: E402
+from harness.args import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_version  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
@@ -121,8 +122,8 @@ def build_hf_peer(config):
 
 def entry_point(name: str):
     if name == PEER:
-        return lambda argv: harness.main(PEER, build_hf_peer, argv=argv, init_from_v1=False,
-                                         description="Hugging Face LlamaForCausalLM (peer)")
+        return lambda argv: training.main(PEER, build_hf_peer, argv=argv, init_from_v1=False,
+                                          description="Hugging Face LlamaForCausalLM (peer)")
     return load_version(name).main
 
 
@@ -431,7 +432,7 @@ def split_list(text: str, allowed, flag: str) -> list[str]:
 def compare(args) -> dict:
     import torch
     from harness import probes
-    from harness import trainer
+    from training import trainer
     from harness.device import describe, resolve_device
 
     device = resolve_device(args.device)

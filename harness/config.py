@@ -185,7 +185,7 @@ def parse_precisions(text: str) -> list[str]:
 # ---------------------------------------------------------------- one run
 @dataclass
 class RunSettings:
-    """Everything one training run needs, built from the command line by harness/cli.py."""
+    """Everything one training run needs, built from the command line by training/cli.py."""
     version: str
     model: ModelConfig
     preset: str | None
@@ -212,7 +212,7 @@ class RunSettings:
     profile: str | None = None
     profile_dir: str | None = None
     fsdp: bool = False
-    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see harness/parallel.py
+    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see training/parallel.py
     ddp_comm_hook: str = "none"
     compile_ddp: str = "split"
     ddp_static_graph: bool = False

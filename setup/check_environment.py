@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from harness.cli import OneLineParser  # noqa: E402  (imports no torch: works without it)
+from harness.args import OneLineParser  # noqa: E402  (imports no torch: works without it)
 from harness.errors import UsageError  # noqa: E402
 
 MIN_PYTHON = (3, 9)
@@ -227,7 +227,7 @@ def check_sdpa() -> Check:
 
     from harness import device as dev
     from harness.config import PRECISIONS
-    from harness.trainer import choose_precision
+    from harness.precision import choose_precision
 
     device = torch.device("cuda" if dev.backend() != "cpu" else "cpu")
     dtype = PRECISIONS[choose_precision(None, device)].dtype  # what a run here defaults to

@@ -250,7 +250,7 @@ FAKE_VERSION = textwrap.dedent("""
     # Stands in for a version CLI: parses the real flags, fails like the real one.
     import json, sys
     sys.path.insert(0, {repo!r})
-    from harness.cli import build_parser
+    from training.cli import build_parser
     from harness.results import write_atomic
     args = build_parser("v1", "fake").parse_args(sys.argv[1:])
     if args.batch_size >= 8:

@@ -124,3 +124,59 @@ def test_model_within_15_percent_of_committed_gpu_runs():
         pytest.skip("no GPU results in tests/fixtures/h200")
     table = M.memory_table(runs)
     assert (table["error %"].abs() <= 15).all(), table[["run", "predicted MiB", "measured MiB", "error %"]]
+
+
+# ---- every switch is modelled as what it runs ----------------------------------------------
+def _options(version, *argv):
+    """The options a version records for these flags (its own model_options)."""
+    from harness.config import load_version
+    from training import cli
+    module = load_version(version)
+    adder = getattr(module, "add_arguments", None) or getattr(module, "add_fusion_arguments", None)
+    args = cli.build_parser(version, "", adder).parse_args(list(argv))
+    options = getattr(module, "model_options", None) or getattr(module, "fusion_options")
+    return options(args)
+
+
+V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
+    "--no-triton-attention": dict(attention="explicit", gqa_native=False),
+    "--no-triton-rmsnorm": {},  # V2's fused F.rms_norm on a GPU: saves the same
+    "--no-fused-qkv": dict(fused_qkv=False),
+    "--no-fused-gate-up": dict(fused_gate_up=False),
+    "--no-fused-rmsnorm": {},  # V3's Triton norm still runs
+    "--no-fused-swiglu": {},   # V3's SwiGLU kernel still runs
+    "--no-fused-qkv-grad": {}, "--no-fused-residual-norm": {}, "--no-triton-rope": {},
+    "--no-triton-swiglu": {}, "--rope-in-attention": {},  # V2's fused silu_mul saves the same
+    # without the one gate+up GEMM the SwiGLU kernel cannot run: V2's fused silu_mul does
+    "--no-fused-gate-up --no-fused-swiglu": dict(fused_gate_up=False, fused_swiglu=False),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(V3_SWITCHES))
+def test_a_v3_run_with_one_switch_changed_is_modelled_as_what_it_runs(flag):
+    from dataclasses import replace
+    default = M.implementation_for("v3", _options("v3"), {"optimizer": "default"}, "cuda")
+    switched = M.implementation_for("v3", _options("v3", *flag.split()), {"optimizer": "default"}, "cuda")
+    assert switched == replace(default, **V3_SWITCHES[flag])
+
+
+def test_every_switch_of_every_version_is_known_to_the_memory_model():
+    from harness.config import VERSIONS
+    for version in VERSIONS:
+        try:
+            options = _options(version)
+        except AttributeError:  # a version without switches (V1)
+            continue
+        assert set(options) <= set(M.SWITCHES) | M.TRITON_SAVES_LIKE_FUSED | M.NO_MEMORY_EFFECT, version
+    with pytest.raises(M.AnalysisError, match="does not know the switch"):
+        M.implementation_for("v3", {"fused_everything": True})
+
+
+def test_v3_without_its_attention_kernels_is_predicted_with_the_scores():
+    """The T x T scores of V2's attention show in the prediction (b8 x T256, tiny model)."""
+    from harness.config import PRESETS
+    cfg = PRESETS["tiny"].model.replace(max_seq_len=256)
+    flash = M.predict(cfg, 8, 256, "fp32", M.implementation_for("v3", _options("v3")), device="cpu")
+    explicit = M.predict(cfg, 8, 256, "fp32",
+                         M.implementation_for("v3", _options("v3", "--no-triton-attention")), device="cpu")
+    assert explicit.peak_bytes > flash.peak_bytes

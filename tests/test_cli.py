@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import harness
+import training
 from conftest import REPO, load_version, run_cli
 from harness.results import load
 
@@ -50,8 +51,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, fragmen
 
 def _run_in_process(build_model, tmp_path, capsys, extra=()):
     out = tmp_path / "r.json"
-    code = harness.main("vtest", build_model, init_from_v1=False,
-                        argv=[*FAST, "--output", str(out), *extra])
+    code = training.main("vtest", build_model, init_from_v1=False,
+                         argv=[*FAST, "--output", str(out), *extra])
     err = capsys.readouterr().err.strip().splitlines()
     return code, err, out
 
@@ -140,7 +141,7 @@ def test_grad_accum_and_checkpointing_train(tmp_path):
 
 
 def test_grad_checkpointing_keeps_the_gradients():
-    from harness.trainer import enable_grad_checkpointing
+    from training.trainer import enable_grad_checkpointing
     v1 = load_version("v1")
     cfg = harness.ModelConfig()
     ids = torch.randint(0, 256, (2, 16))

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from analysis_tools import scaling
-from harness.parallel import measure_communication
+from training.parallel import measure_communication
 from conftest import REPO, load_version, run_cli
-from harness import data, parallel
+from harness import data
+from training import parallel
 from harness.errors import GradientFlowError, UsageError
 
 V1 = "version1_baseline/tiny_llama_v1.py"
@@ -241,7 +242,7 @@ def test_every_version_trains_under_ddp(version, single_run, tmp_path):
 
 # ---------------------------------------------------------------- tuning knobs (docs/MULTI_GPU.md)
 def test_knob_flags_parse_and_bad_values_are_usage_errors():
-    from harness.cli import build_parser, settings_from_args
+    from training.cli import build_parser, settings_from_args
 
     def parse(*argv):
         return settings_from_args("v1", build_parser("v1", "").parse_args(list(argv)), list(argv))

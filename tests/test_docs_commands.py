@@ -5,8 +5,8 @@ fenced bash/sh/console blocks and inline `code` that starts with a command. For 
 command that invokes something in this repository:
 
   python <script.py> ... / python -m <module> ...   the file/module exists; its flags parse:
-      scripts that go through harness.main (every version, every debugging stage) are
-      parsed exactly - harness.main is replaced by "build the parser, parse, validate",
+      scripts that go through training.main (every version, every debugging stage) are
+      parsed exactly - training.main is replaced by "build the parser, parse, validate",
       so nothing trains; any other script runs with --help and each long flag quoted
       must appear in its help text
   bash <script.sh> / ./<script.sh>                  the file exists and `bash -n` accepts it
@@ -33,7 +33,8 @@ import pytest
 from conftest import REPO
 
 import harness
-from harness import cli
+import training
+from training import cli
 
 DOC_GLOBS = ["README.md", "docs/*.md", "setup/*.md", "version*/README.md", "exercises/**/*.md"]
 SHELL_LANGS = {"", "bash", "sh", "shell", "console", "zsh"}
@@ -127,7 +128,7 @@ def repo_path(token: str, cwd: Path = REPO) -> Path | None:
 
 # ------------------------------------------------------------------ checking
 class HarnessParsed(Exception):
-    """Raised by the stand-in for harness.main once the flags have parsed."""
+    """Raised by the stand-in for training.main once the flags have parsed."""
 
 
 def parse_only(version, build_model, *, description="", add_arguments=None, model_options=None,
@@ -140,7 +141,7 @@ def parse_only(version, build_model, *, description="", add_arguments=None, mode
 
 
 class PythonRunner:
-    """Runs repo scripts in this process with harness.main replaced by parse_only."""
+    """Runs repo scripts in this process with training.main replaced by parse_only."""
 
     def __init__(self):
         self.help_cache: dict = {}
@@ -155,7 +156,7 @@ class PythonRunner:
             sys.path.insert(0, str(Path(name).parent))
         code, via_harness = 0, False
         try:
-            with mock.patch.object(harness, "main", parse_only), \
+            with mock.patch.object(training, "main", parse_only), \
                     contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 if kind == "script":
                     runpy.run_path(name, run_name="__main__")

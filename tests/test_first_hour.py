@@ -79,14 +79,14 @@ def test_a_run_that_cannot_time_a_warm_step_or_use_graphs_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "v1: no warm-up step" in proc.stdout.splitlines()[0]
     assert any("no warm-up step" in w for w in json.loads(out.read_text())["warnings"])
-    from harness import cli, trainer
+    from training import cli, trainer
     args = cli.build_parser("v1", "").parse_args(["--compile", "--compile-mode", "reduce-overhead"])
     notes = trainer.start_notes(cli.settings_from_args("v1", args, []), trainer.torch.device("cpu"))
     assert notes == [n for n in notes if "graphs need a GPU" in n] and notes
 
 
 def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
-    from harness import cli, trainer
+    from training import cli, trainer
     monkeypatch.setattr(trainer.probes, "cpu_matmul_flops", lambda: 100e9)  # a 100 GFLOP/s CPU
     args = cli.build_parser("v1", "").parse_args(["--preset", "medium"])
     settings = cli.settings_from_args("v1", args, ["--preset", "medium"])
@@ -108,7 +108,7 @@ def _umask():
 
 
 def test_v3_on_a_cpu_says_it_is_interpreted_and_runs_a_short_default(monkeypatch):
-    from harness import cli
+    from training import cli
     args = cli.build_parser("v3", "").parse_args([])
     assert cli.settings_from_args("v3", args, [], interpreted=True).num_steps == cli.INTERPRETER_NUM_STEPS
     assert cli.settings_from_args("v3", args, []).num_steps == cli.DEFAULT_NUM_STEPS
@@ -116,7 +116,7 @@ def test_v3_on_a_cpu_says_it_is_interpreted_and_runs_a_short_default(monkeypatch
 
 
 def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_folder():
-    from harness import cli
+    from training import cli
     from version2_fused import tiny_llama_v2 as v2
 
     def name(*argv, version="v2"):
@@ -136,7 +136,7 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
 
 # ---------------------------------------------------------------- make workshop
 def test_workshop_streams_progress_replaces_what_finished_and_keeps_what_failed(tmp_path, monkeypatch, capsys):
-    from harness import workshop
+    from training import workshop
 
     # v1 runs for real (seconds); v2 fails: its previous result stays, and the run says so
     monkeypatch.setattr(workshop, "VERSIONS", {k: workshop.VERSIONS[k] for k in ("v1", "v2")})
@@ -172,7 +172,7 @@ def test_workshop_streams_progress_replaces_what_finished_and_keeps_what_failed(
 ])
 def test_workshop_checks_the_shared_flags_once_before_any_version_starts(tmp_path, monkeypatch, capsys,
                                                                          argv, needle):
-    from harness import workshop
+    from training import workshop
 
     def never(*_):
         raise AssertionError("a version started")
@@ -186,7 +186,7 @@ def test_workshop_checks_the_shared_flags_once_before_any_version_starts(tmp_pat
 
 
 def test_an_interrupted_workshop_is_one_line_and_keeps_the_previous_results(tmp_path, monkeypatch, capsys):
-    from harness import workshop
+    from training import workshop
 
     (tmp_path / "v1.json").write_text("previous")
 

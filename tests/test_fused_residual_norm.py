@@ -170,8 +170,8 @@ def test_switch_is_accepted_and_recorded(tmp_path, v3):
 
 def test_blocks_stay_modules_for_checkpointing_and_hooks(v3):
     """The fused model still calls each block as a module: --grad-checkpoint's wrapper
-    (harness.trainer) recomputes it in backward and profiler hooks see it."""
-    from harness.trainer import enable_grad_checkpointing
+    (training.trainer) recomputes it in backward and profiler hooks see it."""
+    from training.trainer import enable_grad_checkpointing
 
     cfg = config()
     reference, fused = v1_and_v3(cfg)

@@ -193,7 +193,7 @@ def test_gradient_guard_passes_on_healthy_model():
 def test_nvtx_block_ranges_leave_outputs_unchanged(monkeypatch):
     # range_push returns the nesting depth (an int); a forward pre-hook that
     # returned it would replace the block's inputs. Simulate it on the CPU.
-    from harness.trainer import add_nvtx_ranges
+    from training.trainer import add_nvtx_ranges
     calls = []
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(name) or 1)
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop") or 0)
@@ -220,7 +220,7 @@ PROFILING = HARNESS.parent / "profiling"
 
 
 def module_name(path: Path) -> str:
-    """harness/cli.py -> harness.cli; profiling/parsers/__init__.py -> profiling.parsers."""
+    """training/cli.py -> training.cli; profiling/parsers/__init__.py -> profiling.parsers."""
     parts = path.relative_to(HARNESS.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from conftest import REPO, load_version, run_cli
 from harness import ModelConfig
-from harness.cli import build_parser
+from training.cli import build_parser
 from harness.config import VERSIONS
 
 TOL = 1e-5  # fp32: only summation order differs between the versions
@@ -271,7 +271,7 @@ def test_results_record_a_skipped_guard_as_not_passed(tmp_path, monkeypatch):
 
 # ---- one optimizer default ----------------------------------------------------------------
 def test_every_version_has_the_same_default_optimizer(monkeypatch):
-    from harness import cli
+    from training import cli
 
     defaults, build = {}, cli.build_parser
 

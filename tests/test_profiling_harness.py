@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import REPO, load_version, run_cli
-from harness import cli, flops
+from harness import flops
+from training import cli
 from profiling import sessions
 
 V1 = REPO / "version1_baseline" / "tiny_llama_v1.py"

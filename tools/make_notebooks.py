@@ -78,7 +78,7 @@ Exercises: `exercises/version1/`."""),
 `train("v1", ...)` calls `version1_baseline/tiny_llama_v1.py`'s `main` with command-line flags:
 the same code path as `python version1_baseline/tiny_llama_v1.py --preset ...`."""),
     ("code", '''\
-from harness.trainer import summary_line
+from training.trainer import summary_line
 
 r1 = train("v1", "nb1_v1")
 print(summary_line(r1))

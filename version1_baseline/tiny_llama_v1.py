@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
-import harness  # noqa: E402
+import training  # noqa: E402
 from harness import ModelConfig  # noqa: E402
 
 
@@ -158,8 +158,8 @@ def build_model(config: ModelConfig) -> nn.Module:
 
 
 def main(argv=None) -> int:
-    return harness.main("v1", build_model, argv=argv,
-                        description="Version 1: the plain PyTorch baseline.")
+    return training.main("v1", build_model, argv=argv,
+                         description="Version 1: the plain PyTorch baseline.")
 
 
 if __name__ == "__main__":

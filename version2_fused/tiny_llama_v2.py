@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
-import harness  # noqa: E402
+import training  # noqa: E402
 from harness import ModelConfig  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as PlainRMSNorm  # noqa: E402
 from version1_baseline.tiny_llama_v1 import rope_tables  # noqa: E402
@@ -280,9 +280,9 @@ def fusion_options(args) -> dict:
 
 
 def main(argv=None) -> int:
-    return harness.main("v2", build_model, argv=argv, add_arguments=add_fusion_arguments,
-                        model_options=fusion_options,
-                        description="Version 2: V1 with fused projections, norms and activations.")
+    return training.main("v2", build_model, argv=argv, add_arguments=add_fusion_arguments,
+                         model_options=fusion_options,
+                         description="Version 2: V1 with fused projections, norms and activations.")
 
 
 if __name__ == "__main__":

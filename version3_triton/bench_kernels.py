@@ -47,11 +47,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -63,8 +60,8 @@ if not torch.cuda.is_available():  # before triton is first imported
 from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
 from harness.probes import measure_copy_gbs  # noqa: E402
-from harness.cli import OneLineParser  # noqa: E402
-from harness.measure import capture_graph  # noqa: E402
+from harness.args import OneLineParser  # noqa: E402
+from harness.measure import Timer  # noqa: E402
 from harness.results import git_commit  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
 from version1_baseline.tiny_llama_v1 import rope_tables as half_rope_tables  # noqa: E402
@@ -79,73 +76,6 @@ ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16,
 KINDS = ("rmsnorm", "add_rmsnorm", "swiglu", "attention")  # the result's row lists, in order
 TARGETS = {"rmsnorm_copy_fraction": 0.6, "swiglu_copy_fraction": 0.7,
            (16, 16, 16, 512, 64): 0.8, (4, 16, 16, 2048, 128): 0.7}  # SDPA time / ours
-
-
-# ---- timing ------------------------------------------------------------------------
-class Timer:
-    """Three views of one call: do_bench (what a training step sees), CUDA/HIP
-    graph replay (GPU time alone: no Python, no launch cost) and host time (the
-    Python + launch cost of a call, measured without waiting for the GPU)."""
-
-    def __init__(self, device: torch.device, quick: bool):
-        self.gpu = device.type != "cpu"
-        self.repeats = 2 if quick else 5        # CPU samples
-        self.rep_ms = 20 if quick else 100      # do_bench budget per measurement
-
-    def bench(self, fn) -> float:
-        if not self.gpu:  # the interpreter: wall clock, after one warm-up call
-            fn()
-            samples = []
-            for _ in range(self.repeats):
-                start = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - start) * 1000)
-            return statistics.median(samples)
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=10, rep=self.rep_ms, return_mode="median")
-
-    def host(self, fn, calls: int = 20) -> float | None:
-        """Wall-clock ms per call while the GPU runs behind (20 calls queue fewer
-        launches than the driver's queue holds, so nothing waits for the GPU)."""
-        if not self.gpu:
-            return None
-        fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = (time.perf_counter() - start) * 1000 / calls
-        torch.cuda.synchronize()
-        return elapsed
-
-    def graph(self, fn, estimate_ms: float) -> tuple[float | None, str | None]:
-        """(median ms per call replayed from a graph, None) or (None, why not).
-
-        fn runs a few times on a side stream first (capture needs the caching
-        allocator and every kernel - and autotuning - warmed up), then ~20 ms
-        worth of calls are captured into one graph and replayed 5 times."""
-        if not self.gpu:
-            return None, "no GPU"
-        calls = max(1, min(200, int(20 / max(estimate_ms, 1e-3))))
-        try:
-            replay = capture_graph(fn, calls, warmup_calls=3)
-            replay()
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                replay()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / calls)
-            del replay
-            return statistics.median(samples), None
-        except Exception as e:  # capture can fail (a kernel that syncs, an old driver): say why
-            torch.cuda.synchronize()
-            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-            print(f"  (no graph timing: {why})")
-            return None, why
 
 
 def fwd_bwd_times(timer: Timer, op, inputs, grad_out) -> dict:

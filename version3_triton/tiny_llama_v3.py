@@ -63,7 +63,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
-import harness  # noqa: E402
+import training  # noqa: E402
 from harness import ModelConfig, UsageError  # noqa: E402
 from version2_fused import tiny_llama_v2 as v2  # noqa: E402
 
@@ -290,10 +290,10 @@ def preflight(args, run) -> dict:
 
 
 def main(argv=None) -> int:
-    return harness.main("v3", build_model, argv=argv, add_arguments=add_arguments,
-                        model_options=model_options, preflight=preflight,
-                        interpreted=tk is not None and tk.INTERPRET,
-                        description="Version 3: V2 with Triton RMSNorm and flash-attention "
+    return training.main("v3", build_model, argv=argv, add_arguments=add_arguments,
+                         model_options=model_options, preflight=preflight,
+                         interpreted=tk is not None and tk.INTERPRET,
+                         description="Version 3: V2 with Triton RMSNorm and flash-attention "
                                     "kernels (forward and backward).")
 
 

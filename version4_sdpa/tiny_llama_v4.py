@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
 import harness  # noqa: E402
+import training  # noqa: E402
 from harness import ModelConfig, UsageError  # noqa: E402
 from harness.device import device_name  # noqa: E402
 from version2_fused import tiny_llama_v2 as v2  # noqa: E402
@@ -125,7 +126,7 @@ class _OpRecorder(TorchDispatchMode):
 def probe_sdpa_kernel(cfg: ModelConfig, batch: int, seq_len: int, device, precision: str,
                       backend: str = "auto", gqa: str = "native") -> str:
     """Train one block of the model for one step's forward+backward; name the SDPA kernel that ran."""
-    from harness.trainer import autocast_for
+    from harness.precision import autocast_for
 
     model = build_model(cfg.replace(num_layers=1), sdpa_backend=backend, gqa=gqa).to(device)
     x = torch.randn(batch, seq_len, cfg.hidden_dim, device=device)
@@ -201,9 +202,9 @@ def preflight(args, run) -> dict:
 
 
 def main(argv=None) -> int:
-    return harness.main("v4", build_model, argv=argv, add_arguments=add_arguments,
-                        model_options=model_options, preflight=preflight,
-                        description="Version 4: V2's fusions with PyTorch SDPA (flash) attention.")
+    return training.main("v4", build_model, argv=argv, add_arguments=add_arguments,
+                         model_options=model_options, preflight=preflight,
+                         description="Version 4: V2's fusions with PyTorch SDPA (flash) attention.")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import harness  # noqa: E402
+import training  # noqa: E402
 from version1_baseline import tiny_llama_v1 as v1  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def import_triton():
 
 def run(stage: str, build_model, argv=None, *, description: str, init_from_v1: bool = True,
         add_arguments=None, patches=None, needs_triton: bool = False) -> int:
-    """Run one stage through harness.main.
+    """Run one stage through training.main.
 
     add_arguments(group) adds the stage's own flags (--fixed is always there);
     patches(args) returns context managers that plant a mistake outside the model
@@ -76,7 +76,7 @@ def run(stage: str, build_model, argv=None, *, description: str, init_from_v1: b
     with contextlib.ExitStack() as stack:
         for patch in (patches(args) if patches else []):
             stack.enter_context(patch)
-        return harness.main(stage, build_model, argv=argv, description=description,
-                            add_arguments=stage_arguments,
-                            model_options=lambda a: {"fixed": a.fixed},
-                            init_from_v1=init_from_v1)
+        return training.main(stage, build_model, argv=argv, description=description,
+                             add_arguments=stage_arguments,
+                             model_options=lambda a: {"fixed": a.fixed},
+                             init_from_v1=init_from_v1)

@@ -18,9 +18,9 @@ On a CPU each version runs with a thread count chosen for the preset (one
 thread at the tiny preset, where waking threads costs more than they save),
 unless OMP_NUM_THREADS is set; the first line says which.
 
-    python -m harness.workshop                      # what `make workshop` runs
-    python -m harness.workshop --quick              # tiny preset, 3 steps: a minute on a CPU
-    python -m harness.workshop --preset small -- --precision fp32
+    python -m training.workshop                      # what `make workshop` runs
+    python -m training.workshop --quick              # tiny preset, 3 steps: a minute on a CPU
+    python -m training.workshop --preset small -- --precision fp32
 """
 from __future__ import annotations
 
@@ -32,10 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import OneLineParser, default_warmup
-from .config import PRESETS, VERSIONS
-from .errors import UsageError
-from .results import SchemaError, duration_text, format_table, load
+from harness.args import OneLineParser
+from harness.config import PRESETS, VERSIONS
+from harness.errors import UsageError
+from harness.results import SchemaError, duration_text, format_table, load
+
+from .cli import default_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_STEPS = 3
@@ -143,7 +145,7 @@ DESCRIPTION = ("Train every version on this machine's device and print one table
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m harness.workshop", description=DESCRIPTION)
+    p = OneLineParser(prog="python -m training.workshop", description=DESCRIPTION)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="default: chosen for this device (tiny on a CPU)")
     p.add_argument("--num-steps", type=int, default=None,

@@ -1,6 +1,6 @@
 """The one command line shared by every version.
 
-Each version file calls `harness.main(...)` with its `build_model`; the flags,
+Each version file calls `training.main(...)` with its `build_model`; the flags,
 validation, training loop, timing and results are identical for all of them,
 so differences in the numbers come from the model code alone.
 """
@@ -10,8 +10,9 @@ import argparse
 import os
 import sys
 
-from .config import PRECISIONS, PRESETS, REFERENCE_VERSION, RunSettings, reference_weights
-from .errors import UsageError, WorkshopError
+from harness.args import HelpFormatter, OneLineParser
+from harness.config import PRECISIONS, PRESETS, REFERENCE_VERSION, RunSettings, reference_weights
+from harness.errors import UsageError, WorkshopError
 
 
 # Steps of a run when --num-steps is not given. Kernels running in Triton's CPU
@@ -19,23 +20,6 @@ from .errors import UsageError, WorkshopError
 DEFAULT_NUM_STEPS = 50
 INTERPRETER_NUM_STEPS = 12
 DEFAULT_WARMUP_STEPS = 5
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; we promise exactly one line."""
-
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message} (see --help)")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" only where there is a real default to show: not for
-    switches (off unless given) nor for values the preset or device decides."""
-
-    def _get_help_string(self, action):
-        if action.default is None or isinstance(action.default, bool):
-            return action.help
-        return super()._get_help_string(action)
 
 
 def default_warmup(num_steps: int) -> int:
@@ -257,7 +241,7 @@ def main(version: str, build_model, *, description: str = "", add_arguments=None
     build_model(config, **options) -> nn.Module whose forward(ids) returns logits.
     model_options(args) -> dict of version switches passed to build_model and
     recorded in the results. preflight(args, run) -> dict: the version's one-time
-    checks before training (run is a harness.trainer.Preflight: settings, device,
+    checks before training (run is a training.trainer.Preflight: settings, device,
     precision); its dict joins the options. init_from_v1: start from V1's weights
     (same seed), so every version trains the very same model. interpreted: the
     version's kernels run in Triton's CPU interpreter here (a shorter default

@@ -10,45 +10,18 @@ from pathlib import Path
 
 import torch
 
-from . import data as data_mod
-from . import device as dev
-from . import flops, master_weights, measure, parallel, probes, results
-from .config import PRECISIONS, RunSettings
-from .errors import NonFiniteLoss, OutOfMemory, UsageError
+from harness import data as data_mod
+from harness import device as dev
+from harness import flops, master_weights, measure, probes, results
+from harness.config import PRECISIONS, RunSettings
+from harness.errors import NonFiniteLoss, OutOfMemory, UsageError
+from harness.precision import autocast_for, choose_precision, configure_matmul_precision
+
+from . import parallel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRESS_EVERY_S = 10.0  # slow runs (a CPU, the Triton interpreter) print at least this often
 GPU_SIZED_S = 60.0  # a CPU run whose matmuls alone take longer than this says so at start
-
-
-# ---------------------------------------------------------------- precision
-def choose_precision(requested: str | None, device: torch.device) -> str:
-    if requested is None:
-        if device.type == "cpu":
-            return "fp32"
-        return "bf16" if dev.supports_bf16(device) else "fp16"
-    if requested == "bf16" and not dev.supports_bf16(device):
-        raise UsageError(f"--precision bf16 is not supported on {dev.device_name(device)} "
-                         f"(try fp16 or fp32)")
-    if requested == "fp16" and device.type == "cpu":
-        raise UsageError("--precision fp16 needs a GPU (use fp32 or bf16 on the CPU)")
-    return requested
-
-
-def configure_matmul_precision(precision: str) -> None:
-    # tf32 = fp32 storage, matrix units with a 10-bit mantissa. Everything else
-    # keeps true fp32 for the fp32 parts, so fp32 means fp32.
-    allow = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    torch.backends.cudnn.allow_tf32 = allow
-    torch.set_float32_matmul_precision("high" if allow else "highest")
-
-
-def autocast_for(precision: str, device: torch.device):
-    dtype = PRECISIONS[precision].autocast_dtype
-    if dtype is not None:
-        return torch.autocast(device_type=device.type, dtype=dtype)
-    return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- pre-flight

@@ -44,10 +44,10 @@ from types import SimpleNamespace
 
 import torch
 
-from . import device as dev
-from . import measure
-from .config import PRECISIONS, RunSettings
-from .errors import UsageError
+from harness import device as dev
+from harness import measure
+from harness.config import PRECISIONS, RunSettings
+from harness.errors import UsageError
 
 BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm is timed in these
 # Knobs that only one wrapper reads, with their flags: asking for one that will not
@@ -357,7 +357,7 @@ BUS_FACTOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/
 def measure_communication(group, reps: int = 10) -> dict:
     """Time the collectives of one step alone, after training.
 
-    `group` is the trainer's harness.parallel.DataParallel: its process group
+    `group` is the trainer's training.parallel.DataParallel: its process group
     (`dist`), device, world size, wrapper kind and the gradients it wrapped.
 
     Method: one gradient-bucket-sized buffer (--ddp-bucket-mb of the
