@@ -119,9 +119,10 @@ def measure_copy_gbs(device, nbytes: int | None = None, warmup: int = 3,
     return 2 * src.nbytes * copies / (ms / 1000) / 1e9
 
 
-def cpu_matmul_flops(n: int = 512, repeats: int = 5) -> float:
+def cpu_matmul_flops(n: int = 1024, repeats: int = 3) -> float:
     """FLOP/s of an n x n fp32 matrix product on this CPU, with this process's threads:
-    a ~50 ms probe whose rate bounds what a training step can reach here."""
+    a probe of a few tenths of a second, about the rate a GPU-sized model's matrix
+    products reach here."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # the first product pays for thread start-up and the BLAS's set-up
     started = time.perf_counter()

@@ -56,8 +56,9 @@ class Preflight:
 # ---------------------------------------------------------------- start-up notes
 def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
     """One line, before anything slow, for a run sized for a GPU that landed on a CPU:
-    the time its matrix products alone need at this CPU's measured matmul rate (a
-    lower bound: a step also does memory-bound work), and the CPU-sized command."""
+    the time its matrix products need at this CPU's measured matmul rate (an estimate:
+    the step's memory-bound work adds to it, a busy machine changes it), and the
+    CPU-sized command."""
     if device.type != "cpu":
         return None
     step_flops = flops.step_flops(settings.model, settings.global_batch_size(), settings.seq_len)
@@ -66,8 +67,8 @@ def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
         return None
     script = settings.command.split()[1] if len(settings.command.split()) > 1 else "<script>"
     size = f"preset {settings.preset}" if settings.preset else "this model size"
-    return (f"{settings.version}: {size} is sized for a GPU: on this CPU a step takes at least "
-            f"{results.duration_text(step_s)}, {settings.num_steps} steps at least "
+    return (f"{settings.version}: {size} is sized for a GPU: on this CPU a step takes about "
+            f"{results.duration_text(step_s)}, {settings.num_steps} steps about "
             f"{results.duration_text(step_s * settings.num_steps)} (Ctrl-C stops it); "
             f"sized for a CPU: python {script} --preset tiny")
 

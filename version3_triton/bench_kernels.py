@@ -302,13 +302,16 @@ def report(result: dict) -> str:
                         ("swiglu", ["SwiGLU's silu(gate) * up forward+backward on the gate/up "
                                     "GEMM's output; GB/s from the minimal bytes (8*M*N*elem), "
                                     "f+b time"])):
+        if not result[kind]:  # not asked for (--kernels)
+            continue
         lines += [*title, header + f"{'GB/s':>7s} {'% copy':>6s}"]
         for r in result[kind]:
             share = r["copy_fraction"] and 100 * r["copy_fraction"]
             lines.append(row(r, f"{fmt(r['gbs'], '7.0f')} {fmt(share, '5.0f')}%"))
         lines.append("")
-    lines += ["Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b time "
-              "(kernel convention)", header + f"{'TFLOP/s':>7s} {'SDPA/ours':>9s}"]
+    if result["attention"]:
+        lines += ["Causal attention forward+backward; TFLOP/s = 3.5 * (4*B*H*N^2*D / 2) / f+b "
+                  "time (kernel convention)", header + f"{'TFLOP/s':>7s} {'SDPA/ours':>9s}"]
     for r in result["attention"]:
         lines.append(row(r, f"{fmt(r['tflops'], '7.1f')} "
                             f"{fmt(r.get('sdpa_time_over_ours'), '9.2f', '')}"))
