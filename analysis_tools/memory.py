@@ -95,13 +95,11 @@ NO_MEMORY_EFFECT = {"fused_residual_norm", "fused_qkv_grad", "triton_rope", "rop
 
 
 def triton_kernels(version: str, options: dict) -> tuple[bool, bool]:
-    """(Triton RMSNorm runs, Triton SwiGLU runs): V3's defaults, its switches, and the
-    rule that the SwiGLU kernel works on the one gate+up GEMM's output."""
+    """(Triton RMSNorm runs, Triton SwiGLU runs): V3's defaults and its switches as the
+    results record them, settled by V3 (version3_triton's Kernels.settled)."""
     if version != "v3":
         return False, False
-    norm = bool(options.get("triton_rmsnorm", True))
-    swiglu = bool(options.get("triton_swiglu", True) and options.get("fused_gate_up", True))
-    return norm, swiglu
+    return bool(options.get("triton_rmsnorm", True)), bool(options.get("triton_swiglu", True))
 
 
 def implementation_for(version: str, options: dict | None = None, run: dict | None = None,

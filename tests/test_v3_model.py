@@ -210,3 +210,26 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, env, message):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, settled", [
+    ([], {}),
+    (["--no-fused-gate-up"], {"fused_gate_up": False, "triton_swiglu": False}),
+    (["--no-fused-qkv"], {"fused_qkv": False, "triton_rope": False, "fused_qkv_grad": False}),
+    (["--no-triton-rmsnorm"], {"triton_rmsnorm": False, "fused_residual_norm": False}),
+    (["--no-triton-attention"], {"triton_attention": False, "fused_qkv_grad": False}),
+    (["--no-triton-attention", "--rope-in-attention"], {"triton_attention": False,
+                                                        "fused_qkv_grad": False}),
+    (["--rope-in-attention"], {"rope_in_attention": True}),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settled):
+    """What the results record is what the model runs: a switch that cannot take effect
+    (the SwiGLU kernel without the one gate/up GEMM, ...) is recorded off."""
+    from training import cli
+    v3 = load_version("v3")
+    args = cli.build_parser("v3", "", v3.add_arguments).parse_args(flags)
+    defaults = {**dict.fromkeys(("fused_qkv", "fused_gate_up", "fused_rmsnorm", "fused_swiglu",
+                                 "triton_rmsnorm", "triton_attention", "triton_rope",
+                                 "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
+                "rope_in_attention": False}
+    assert v3.model_options(args) == {**defaults, **settled}

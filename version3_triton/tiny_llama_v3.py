@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -82,6 +83,41 @@ def require_triton() -> None:
                          f"matches your torch (pip install triton, or pytorch-triton-rocm)")
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """V3's switches. `settled` applies the rules between them and V2's fusions in one
+    place: the result is what the model runs and what the results JSON records."""
+    triton_rmsnorm: bool = True
+    triton_attention: bool = True
+    triton_rope: bool = True
+    rope_in_attention: bool = False
+    fused_residual_norm: bool = True
+    fused_qkv_grad: bool = True
+    triton_swiglu: bool = True
+
+    def settled(self, fusions: v2.Fusions) -> "Kernels":
+        rope = self.triton_rope and fusions.fused_qkv  # it rotates q and k of the one QKV GEMM
+        return Kernels(
+            triton_rmsnorm=self.triton_rmsnorm, triton_attention=self.triton_attention,
+            triton_rope=rope,
+            rope_in_attention=self.rope_in_attention and self.triton_attention and rope,
+            fused_residual_norm=self.fused_residual_norm and self.triton_rmsnorm,  # their kernel
+            fused_qkv_grad=self.fused_qkv_grad and self.triton_attention and rope,
+            triton_swiglu=self.triton_swiglu and fusions.fused_gate_up)  # on the one GEMM's output
+
+    @property
+    def any_kernel(self) -> bool:
+        return self.triton_rmsnorm or self.triton_attention or self.triton_rope or self.triton_swiglu
+
+
+def split_switches(switches: dict) -> tuple[v2.Fusions, Kernels]:
+    """V2's fusions and V3's kernels (settled) from one dict of switches."""
+    names = {f.name for f in fields(v2.Fusions)}
+    fusions = v2.Fusions(**{k: v for k, v in switches.items() if k in names})
+    kernels = Kernels(**{k: v for k, v in switches.items() if k not in names})
+    return fusions, kernels.settled(fusions)
+
+
 class TritonRMSNorm(v2.PlainRMSNorm):
     """V1's RMSNorm (same `weight` parameter) computed by the Triton kernels."""
 
@@ -102,13 +138,12 @@ class TritonRMSNorm(v2.PlainRMSNorm):
 class TritonAttention(v2.Attention):
     """V2's attention (one QKV GEMM) with Triton kernels for RoPE and/or its core."""
 
-    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, flash: bool = True,
-                 rope: bool = True, rope_in_attention: bool = False, fused_qkv_grad: bool = True):
+    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, kernels: Kernels):
         super().__init__(cfg, fusions)
-        self.flash = flash
-        self.triton_rope = rope and fusions.fused_qkv  # it rotates q and k of the one GEMM
-        self.rope_in_attention = rope_in_attention and flash and self.triton_rope
-        self.fused_qkv_grad = fused_qkv_grad and flash and self.triton_rope
+        self.flash = kernels.triton_attention
+        self.triton_rope = kernels.triton_rope
+        self.rope_in_attention = kernels.rope_in_attention
+        self.fused_qkv_grad = kernels.fused_qkv_grad
 
     def forward(self, x, cos, sin):
         if not self.triton_rope:
@@ -178,30 +213,24 @@ def use_triton_norms(model: nn.Module) -> None:
             setattr(model.get_submodule(parent), attr, TritonRMSNorm(module.weight.numel(), module.eps))
 
 
-def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attention: bool = True,
-                triton_rope: bool = True, rope_in_attention: bool = False,
-                fused_residual_norm: bool = True, fused_qkv_grad: bool = True,
-                triton_swiglu: bool = True,
-                kernel_configs: dict | None = None, **fusion_flags) -> nn.Module:
-    """kernel_configs is only recorded (forced launch configurations); it changes nothing.
-    fused_residual_norm needs the Triton norms (triton_rmsnorm): it is their kernel."""
-    triton_swiglu = triton_swiglu and fusion_flags.get("fused_gate_up", True)  # its one GEMM
-    any_kernel = triton_rmsnorm or triton_attention or triton_rope or triton_swiglu
+def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
+    """switches: V2's fusions and V3's Kernels by name (settled: Kernels.settled).
+    kernel_configs is only recorded (forced launch configurations); it changes nothing."""
+    fusions, kernels = split_switches(switches)
+    any_kernel = kernels.any_kernel
     if any_kernel:
         require_triton()
 
     def attention(cfg, fusions):
-        if triton_attention or triton_rope:
-            return TritonAttention(cfg, fusions, flash=triton_attention, rope=triton_rope,
-                                   rope_in_attention=rope_in_attention,
-                                   fused_qkv_grad=fused_qkv_grad)
+        if kernels.triton_attention or kernels.triton_rope:
+            return TritonAttention(cfg, fusions, kernels)
         return v2.Attention(cfg, fusions)
 
-    llama = ResidualNormLlama if triton_rmsnorm and fused_residual_norm else v2.TinyLlama
-    model = llama(config, v2.Fusions(**fusion_flags), attention=attention)
-    if triton_rmsnorm:
+    llama = ResidualNormLlama if kernels.fused_residual_norm else v2.TinyLlama
+    model = llama(config, fusions, attention=attention)
+    if kernels.triton_rmsnorm:
         use_triton_norms(model)
-    if triton_swiglu:
+    if kernels.triton_swiglu:
         for block in model.layers:  # same parameters, the forward above
             block.mlp.__class__ = TritonSwiGLU
     if any_kernel:
@@ -214,7 +243,7 @@ def build_model(config: ModelConfig, triton_rmsnorm: bool = True, triton_attenti
     if tk.INTERPRET and any_kernel:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]
-    elif triton_attention and tk.backend() == "hip" and torch.cuda.is_available():
+    elif kernels.triton_attention and tk.backend() == "hip" and torch.cuda.is_available():
         slow = tk.attention_warning(tk.current_target())  # MI50, Radeon: no tuned configs
         if slow:
             print(f"warning: {slow}", file=sys.stderr)
@@ -259,27 +288,26 @@ def forced_configs(run) -> dict:
 
 
 def model_options(args) -> dict:
-    """V2's fusion switches and V3's kernel switches."""
-    return {**v2.fusion_options(args), "triton_rmsnorm": args.triton_rmsnorm,
-            "triton_attention": args.triton_attention, "triton_rope": args.triton_rope,
-            "rope_in_attention": args.rope_in_attention,
-            "fused_residual_norm": args.fused_residual_norm, "fused_qkv_grad": args.fused_qkv_grad,
-            "triton_swiglu": args.triton_swiglu}
+    """V2's fusion switches and V3's kernel switches, settled: what the model runs."""
+    fusions, kernels = split_switches({**v2.fusion_options(args),
+                                       **{f.name: getattr(args, f.name) for f in fields(Kernels)}})
+    return {**asdict(fusions), **asdict(kernels)}
 
 
 def preflight(args, run) -> dict:
     """Once, before training: can the kernels run here, and which launch configs are forced?"""
     forced = {}
-    if args.triton_rmsnorm or args.triton_attention or args.triton_rope or args.triton_swiglu:
+    _, kernels = split_switches({k: v for k, v in run.settings.options.items() if k != "kernel_configs"})
+    if kernels.any_kernel:
         require_triton()
-        if args.rope_in_attention and args.compile:
+        if kernels.rope_in_attention and args.compile:
             raise UsageError("--rope-in-attention runs eager only: its kernels do not yet run "
                              "correctly under --compile (drop one of the two)")
         on_cpu = run.device.type == "cpu"
         if on_cpu and not tk.INTERPRET:
             raise UsageError("the Triton kernels need a GPU; for --device cpu set "
                              "TRITON_INTERPRET=1 (Triton's slow CPU interpreter)")
-        if on_cpu and args.precision == "bf16" and args.triton_attention:
+        if on_cpu and args.precision == "bf16" and kernels.triton_attention:
             raise UsageError("Triton's CPU interpreter cannot run bf16 attention "
                              "(use --precision fp32 on the CPU)")
         try:
