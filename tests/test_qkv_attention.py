@@ -70,7 +70,7 @@ def test_gradient_slots_are_checked():
     """A kernel writes a gradient into a whole tensor from a given head on: it must fit."""
     import importlib
 
-    fa = importlib.import_module("version3_triton.kernels.flash_attention")
+    fa = importlib.import_module("version3_triton.kernels.flash_attention_backward")
     like, base = torch.empty(1, 2, 5, 16), torch.empty(1, 5, 4, 16)  # (B, heads, T, D), (B, T, heads, D)
     tensor, strides, head0 = fa._grad_slot((base, 2), like)
     assert tensor is base and strides == (320, 16, 64) and head0 == 2

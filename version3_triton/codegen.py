@@ -85,8 +85,8 @@ def kernel_fn(kernel: str):
                     "rmsnorm_bwd": ("rmsnorm", "_rmsnorm_bwd_kernel"),
                     "rope": ("rope", "_rope_kernel"),
                     "attn_fwd": ("flash_attention", "_attn_fwd_kernel"),
-                    "attn_bwd_dkdv": ("flash_attention", "_attn_bwd_dkdv_kernel"),
-                    "attn_bwd_dq": ("flash_attention", "_attn_bwd_dq_kernel"),
+                    "attn_bwd_dkdv": ("flash_attention_backward", "_attn_bwd_dkdv_kernel"),
+                    "attn_bwd_dq": ("flash_attention_backward", "_attn_bwd_dq_kernel"),
                     "swiglu_fwd": ("swiglu", "_swiglu_fwd_kernel"),
                     "swiglu_bwd": ("swiglu", "_swiglu_bwd_kernel")}[kernel]
     return getattr(importlib.import_module(f"version3_triton.kernels.{module}"), name)

@@ -3,15 +3,18 @@
     rmsnorm.py          RMSNorm: a memory-bound row reduction, optionally with the
                         residual add in front of it (add_rms_norm)
     rope.py             rotary embedding of q and k, one kernel each way
-    flash_attention.py  causal flash attention: online softmax, recomputing backward
+    flash_attention.py  causal flash attention: online softmax; its backward kernels
+                        (recomputing, no T x T matrix) are flash_attention_backward.py,
+                        the tiles, RoPE on load and launch configs both share
+                        attention_tiles.py
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
                         kernels write in one piece (no new kernel)
     swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient
                         written in one piece
     configs.py          the launch configurations per target: the candidate lists,
                         the autotuner's prune, the forced-config hook
-    common.py           what they share: the target GPU, the launch, the operator
-                        registration
+    common.py           what they share: the launch and the operator registration
+    target.py           the GPU a kernel is built for (re-exported by common.py)
 
 Each kernel file reads like a Triton tutorial: the PyTorch reference, the forward
 kernel, the backward kernel(s), the launch configuration, the torch.library binding.

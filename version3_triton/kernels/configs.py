@@ -167,7 +167,7 @@ ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_CONFIGS["attn_bwd_dkdv"]
 # vector cache and costs more: no exception there.
 SPILLS_THAT_PAY = {("sm_90", "attn_bwd_dkdv", 128)}
 
-# RoPE on load (flash_attention.py, ROTATE) keeps a rotated tile's fp32 halves and
+# RoPE on load (attention_tiles.py, ROTATE) keeps a rotated tile's fp32 halves and
 # tables in registers too, so some candidates that fit without it spill with it.
 # Where they do, the rotating kernels get a list of their own, per family and head
 # size; everywhere else they share the lists above. Same rule: nothing here spills
@@ -283,7 +283,7 @@ class KernelSpec:
     rule: Optional[Callable[[Target, int], dict]] = None  # the one config of a memory-bound kernel
 
 
-SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, flash_attention.py, swiglu.py
+SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, attention_tiles.py, swiglu.py
 
 
 def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int,

@@ -27,8 +27,8 @@ import torch
 import torch.utils.flop_counter
 
 from . import common
-from .flash_attention import (_backward_flops, _forward_op, attention_backward_into,
-                              attention_forward)
+from .flash_attention import _backward_flops, _forward_op, attention_forward
+from .flash_attention_backward import attention_backward_into
 from .rope import _rope_op, rope_forward, rope_into
 
 
