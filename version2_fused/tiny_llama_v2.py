@@ -194,12 +194,14 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block, as in V1."""
 
-    def __init__(self, cfg: ModelConfig, fusions: Fusions, attention: nn.Module):
+    def __init__(self, cfg: ModelConfig, fusions: Fusions, attention: nn.Module, norm=None,
+                 mlp=None):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
+        norm, mlp = norm or RMSNorm, mlp or SwiGLU
+        self.attn_norm = norm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
         self.attn = attention
-        self.mlp_norm = RMSNorm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
-        self.mlp = SwiGLU(cfg, fusions)
+        self.mlp_norm = norm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
+        self.mlp = mlp(cfg, fusions)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -207,15 +209,19 @@ class Block(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    """V1's model with V2's blocks. `attention` builds each block's attention (V4 swaps it)."""
+    """V1's model with V2's blocks. The later versions build it with their own parts:
+    `attention(cfg, fusions)`, `norm(dim, eps, fused)`, `mlp(cfg, fusions)` and the
+    `block` class; the parameters (and their names) stay V1's."""
 
-    def __init__(self, cfg: ModelConfig, fusions: Fusions = Fusions(), attention=Attention):
+    def __init__(self, cfg: ModelConfig, fusions: Fusions = Fusions(), attention=Attention,
+                 norm=None, mlp=None, block=None):
         super().__init__()
+        norm, block = norm or RMSNorm, block or Block
         self.config, self.fusions = cfg, fusions
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_dim)
-        self.layers = nn.ModuleList(Block(cfg, fusions, attention(cfg, fusions))
+        self.layers = nn.ModuleList(block(cfg, fusions, attention(cfg, fusions), norm, mlp)
                                     for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
+        self.norm = norm(cfg.hidden_dim, cfg.norm_eps, fusions.fused_rmsnorm)
         self.lm_head = nn.Linear(cfg.hidden_dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -189,10 +189,8 @@ class ResidualNormLlama(v2.TinyLlama):
     """V2's model (same modules, same parameter names) built of ResidualNormBlocks;
     the final norm adds the last block's output."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for block in self.layers:  # same parameters, the forward above
-            block.__class__ = ResidualNormBlock
+    def __init__(self, *args, **parts):
+        super().__init__(*args, **{**parts, "block": ResidualNormBlock})
 
     def forward(self, ids):
         T = ids.shape[1]
@@ -203,14 +201,6 @@ class ResidualNormLlama(v2.TinyLlama):
         for block in self.layers:
             x, delta = block(x, delta, cos, sin)
         return self.lm_head(self.norm.add_and_norm(x, delta)[1])
-
-
-def use_triton_norms(model: nn.Module) -> None:
-    """Swap every V2 RMSNorm for the Triton one (same parameter name, so V1 weights load)."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, v2.RMSNorm):
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent), attr, TritonRMSNorm(module.weight.numel(), module.eps))
 
 
 def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
@@ -226,13 +216,12 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
             return TritonAttention(cfg, fusions, kernels)
         return v2.Attention(cfg, fusions)
 
+    def norm(dim, eps, fused):  # the Triton norm has V2's `weight`: V1's weights load
+        return TritonRMSNorm(dim, eps) if kernels.triton_rmsnorm else v2.RMSNorm(dim, eps, fused)
+
     llama = ResidualNormLlama if kernels.fused_residual_norm else v2.TinyLlama
-    model = llama(config, fusions, attention=attention)
-    if kernels.triton_rmsnorm:
-        use_triton_norms(model)
-    if kernels.triton_swiglu:
-        for block in model.layers:  # same parameters, the forward above
-            block.mlp.__class__ = TritonSwiGLU
+    model = llama(config, fusions, attention=attention, norm=norm,
+                  mlp=TritonSwiGLU if kernels.triton_swiglu else v2.SwiGLU)
     if any_kernel:
         # `with model.flop_counting():` routes the kernels' eager calls through their
         # torch.library operators, the only calls FlopCounterMode sees (it counts
