@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-from typing import Optional
+from typing import Optional  # noqa: F401 (define_op's schema reads the launchers' annotations here)
 
 import torch
 import triton
 
 from . import configs
-from .target import (INTERPRET, Target, amd_target, backend, current_target,  # noqa: F401
-                     next_power_of_2, nvidia_target)
 from .configs import (ATTENTION_CONFIGS, SPECS, TUNED_AMD, KernelSpec,  # noqa: F401 (re-exported)
                       attention_configs, attention_warning, candidates, check_config,
                       config_family, forced_config, usable_on)
+from .target import (INTERPRET, Target, amd_target, backend, current_target,  # noqa: F401
+                     next_power_of_2, nvidia_target)
 
 POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
 
@@ -45,8 +44,7 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         tuner = _TUNERS[spec.name] = triton.autotune(
             listed, key=key,
             prune_configs_by={"early_config_prune": configs.early_prune(spec, target)})(fn)
-    forced = (configs.FORCED_CONFIGS.get(spec.name)
-              or os.environ.get(configs.ENV_NAMES[spec.name]))
+    forced = configs.forced_setting(spec.name)
     knobs = (configs.AUTOTUNE, repr(forced))
     if _TUNED_UNDER.get(spec.name) != knobs:
         tuner.cache.clear()

@@ -316,12 +316,18 @@ def parse_config(text: str, source: str) -> dict:
     return config
 
 
+def forced_setting(kernel: str):
+    """What pins `kernel`'s configuration, unparsed: its FORCED_CONFIGS dict, else the
+    text of its V3_<KERNEL>_CONFIG variable, else None. The one place either is read."""
+    return FORCED_CONFIGS.get(kernel) or os.environ.get(ENV_NAMES[kernel]) or None
+
+
 def forced_config(kernel: str) -> Optional[dict]:
     """The configuration the user pinned for `kernel` (FORCED_CONFIGS or env), else None."""
-    if kernel in FORCED_CONFIGS:
-        return dict(FORCED_CONFIGS[kernel])
-    text = os.environ.get(ENV_NAMES[kernel])
-    return parse_config(text, ENV_NAMES[kernel]) if text else None
+    setting = forced_setting(kernel)
+    if setting is None or isinstance(setting, dict):
+        return dict(setting) if setting else None
+    return parse_config(setting, ENV_NAMES[kernel])
 
 
 def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict:
