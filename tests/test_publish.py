@@ -14,6 +14,8 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO))
 from tools import publish  # noqa: E402
+from tools import published_blocks as blocks  # noqa: E402
+from tools.published_format import PLACEHOLDER  # noqa: E402
 
 
 def test_every_published_block_matches_its_data():
@@ -53,7 +55,7 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
         assert "cpu-quick/summary.json" in tar.getnames()
     # Every number in a block is the data's: the V1 row of the README table.
     v1 = next(r for r in summary["compare"]["medium"]["rows"] if r["version"] == "v1")
-    assert f"{v1['tokens_per_s']:,.0f}" in publish.render("readme-table", summary)
+    assert f"{v1['tokens_per_s']:,.0f}" in blocks.render("readme-table", summary)
     assert "`" + summary["git_commit"] + "`" in (out / "RESULTS.md").read_text()
     # A second run skips every row; regress against the set itself passes. A row that would
     # repeat a run of the comparison (the SDPA step's default backend) is copied from it.
@@ -84,9 +86,9 @@ def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("name", sorted(publish.BLOCKS))
+@pytest.mark.parametrize("name", sorted(blocks.BLOCKS))
 def test_every_block_renders_a_placeholder_without_data(name):
-    assert publish.render(name, None) == publish.PLACEHOLDER
+    assert blocks.render(name, None) == PLACEHOLDER
 
 
 def test_collect_publishes_the_flop_counters(tmp_path):
@@ -107,7 +109,7 @@ def test_collect_publishes_the_flop_counters(tmp_path):
         {"version": "v3", "tool": "deepspeed", "scope": "forward", "counted": 29409280,
          "analytic": 31457280, "ratio": 0.9348958333333334, "macs": 14680064}]
     assert json.loads((out / "summary.json").read_text())["flop_counters"] == summary["flop_counters"]
-    block = publish.render("flop-counters", summary)
+    block = blocks.render("flop-counters", summary)
     assert "| V3 Triton | DeepSpeed FLOPS profiler | forward only, one step | 29,409,280 | 31,457,280 | 0.935 |" in block
     assert "88,080,384" in block and "0.933" in block
     assert "<!-- published:flop-counters -->\n" + block in (out / "RESULTS.md").read_text()

@@ -1,0 +1,256 @@
+"""The blocks of published numbers the docs hold, each rendered from the published
+summary: the registry (BLOCKS: name -> renderer) and the renderers. tools/publish.py
+fills every `<!-- published:NAME -->` block of the docs with render(NAME, summary)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
+                                    num, pct, ratio, speed, table)
+
+
+def provenance(s: dict) -> str:
+    d = s.get("device") or {}
+    return (f"Measured on {d.get('name', '?')} (torch {d.get('torch', '?')}), "
+            f"{(s.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh`; "
+            "the full header is in [docs/RESULTS.md](docs/RESULTS.md).")
+
+
+def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "fwd / bwd / opt ms", "peak MB")) -> str:
+    """A table of reproduce rows: (label, 'section/name') each."""
+    getters = {
+        "tok/s": lambda r: num(r.get("tokens_per_s")),
+        "step ms": lambda r: num(r.get("step_ms"), ".2f"),
+        "fwd / bwd / opt ms": lambda r: " / ".join(num(r.get(k), ".2f") for k in ("forward_ms", "backward_ms", "optimizer_ms")),
+        "MFU": lambda r: pct(r.get("mfu")),
+        "peak MB": lambda r: num(r.get("peak_mb")),
+        "final loss": lambda r: num(r.get("final_loss"), ".4f"),
+        "SDPA kernel": lambda r: r.get("sdpa_kernel") or "-",
+    }
+    out = []
+    for label, key in rows:
+        r = s["rows"].get(key, {"ok": False, "error": "not run"})
+        if not r.get("ok"):
+            why = f"exit {r['exit_code']}: {r.get('error')}" if r.get("exit_code") else r.get("error", "not run")
+            out.append([label] + [why] + ["-"] * (len(cols) - 1))
+        else:
+            out.append([label] + [getters[c](r) for c in cols])
+    return table(["run", *cols], out)
+
+
+def compare_table(s: dict, preset: str, modes=None) -> str:
+    c = s["compare"].get(preset)
+    if not c:
+        return PLACEHOLDER
+    rows = []
+    for r in c["rows"]:
+        if modes and (r["version"], r["mode"]) not in modes:
+            continue
+        spread = (f" ({num(r['tokens_per_s_min'])}..{num(r['tokens_per_s_max'])})"
+                  if r.get("tokens_per_s_min") != r.get("tokens_per_s_max") else "")
+        rows.append([VERSION_NAMES.get(r["version"], r["version"]), MODE_NAMES.get(r["mode"], r["mode"]),
+                     num(r["tokens_per_s"]) + spread if r["tokens_per_s"] else f"failed: {r.get('error')}",
+                     num(r["x_v1_eager"], ".2f"), num(r["step_ms"], ".2f"),
+                     " / ".join(num(r.get(f"{p}_ms"), ".2f") for p in ("forward", "backward", "optimizer")),
+                     pct(r["mfu_datasheet"]), pct(r["mfu_measured_ceiling"]), num(r["peak_memory_mb"])])
+    speed_column = "tokens/s (min..max)" if c["repeats"] > 1 else "tokens/s"  # one run: no range
+    return table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
+                  "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
+
+
+def kernels_table(s: dict) -> str:
+    k = s.get("kernels")
+    if not k:
+        return PLACEHOLDER
+    copy = k.get("copy_gbs")
+    rows = []
+    for kind in ("rmsnorm", "add_rmsnorm", "swiglu", "attention"):
+        for r in k.get(kind, []):
+            bandwidth = kind != "attention"
+            rate = (f"{num(r.get('gbs'), ',.0f')} GB/s" if bandwidth
+                    else f"{num(r.get('tflops'), ',.1f')} TFLOP/s")
+            graph = r.get("graph_gbs") if bandwidth else None
+            of_copy = (f"{num(graph, ',.0f')} GB/s = {pct(graph / copy)} of copy"
+                       if graph and copy else "-")
+            rows.append([kind.replace("add_rmsnorm", "residual add + rmsnorm"), r.get("shape", "?"),
+                         r.get("impl", "?"), num(r.get("fwd_ms"), ".3f"), num(r.get("bwd_ms"), ".3f"),
+                         num(r.get("fwd_bwd_graph_ms"), ".3f"), rate, of_copy])
+    return table(["kernel", "shape", "implementation", "fwd ms", "bwd ms", "fwd+bwd ms (graph replay)",
+                  "rate (do_bench)", "rate (graph replay)"], rows)
+
+
+def profile_block(s: dict, version: str) -> str:
+    p = s.get("profiles", {}).get(version)
+    if not p:
+        return PLACEHOLDER
+    ops = table(["operator", "calls", "self device ms"],
+                [[f"`{o['name']}`", str(o["calls"]), num(o["self_device_ms"], ".2f")] for o in p["top_operators"]])
+    cats = p.get("kernel_ms_by_category", {})
+    total = sum(cats.values()) or 1
+    kern = table(["kernel category", "ms (profiled steps)", "share"],
+                 [[c, num(ms, ".2f"), pct(ms / total)] for c, ms in cats.items()])
+    return f"{ops}\n\n{kern}"
+
+
+# ---------------------------------------------------------------- the blocks
+def _rows(prefix: str, names: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(label, f"{prefix}/{name}") for label, name in names]
+
+
+MEMORY_ROWS = _rows("memory", [(f"V1 batch {b} x seq 512", f"v1_b{b}_s512") for b in (4, 8, 16, 32)]
+                    + [(f"V1 batch 16 x seq {t}", f"v1_b16_s{t}") for t in (128, 256)])
+ATTN_ROWS = _rows("memory", [(f"{v.upper()} batch 8 x seq {t}", f"attn_{v}_s{t}")
+                             for t in (256, 512, 1024) for v in ("v1", "v4")])
+LEVER_ROWS = _rows("levers", [("fp32", "prec_fp32"), ("tf32", "prec_tf32"), ("bf16", "prec_bf16"),
+                              ("bf16, batch 8 x 2 accumulated", "batch8_accum2"),
+                              ("bf16, checkpointing", "ckpt_on"), ("bf16, checkpointing, batch 32", "ckpt_on_b32"),
+                              ("bf16, text data (vocab 1000)", "data_text"), ("bf16, fused AdamW", "opt_fused")])
+FUSION_ROWS = _rows("fusion", [("V2, every fusion on", "v2_all_on"), ("V2 without fused QKV", "v2_no_fused_qkv"),
+                               ("V2 without fused gate/up", "v2_no_fused_gate_up"),
+                               ("V2 without fused RMSNorm", "v2_no_fused_rmsnorm"),
+                               ("V2 without fused SiLU*mul", "v2_no_fused_swiglu")])
+GATE_UP_ROWS = _rows("fusion", [("V4 graphs + master weights", "v4_graphs_master"),
+                                ("the same, `--no-fused-gate-up`", "v4_graphs_master_no_fused_gate_up")])
+V3_FUSION_ROWS = _rows("fusion", [("V3 graphs + master weights", "v3_graphs_master"),
+                                   ("the same, `--no-fused-residual-norm`", "v3_graphs_master_no_fused_residual_norm"),
+                                   ("the same, `--no-fused-qkv-grad`", "v3_graphs_master_no_fused_qkv_grad"),
+                                   ("the same, `--no-triton-swiglu`", "v3_graphs_master_no_triton_swiglu"),
+                                   ("V3 eager", "v3_eager"),
+                                   ("the same, `--rope-in-attention`", "v3_eager_rope_in_attention")])
+BLOCK_ROWS = _rows("blocks", [("autotuned", "autotuned"), ("BLOCK_M=32, BLOCK_N=32, 4 warps, 2 stages", "fwd_M_32_N_32_warps_4_stages_2"),
+                              ("BLOCK_M=64, BLOCK_N=64, 4 warps, 3 stages", "fwd_M_64_N_64_warps_4_stages_3"),
+                              ("BLOCK_M=128, BLOCK_N=64, 8 warps, 3 stages", "fwd_M_128_N_64_warps_8_stages_3")])
+SDPA_ROWS = _rows("sdpa", [(f"`--sdpa-backend {b}`", f"backend_{b}") for b in ("auto", "flash", "efficient", "cudnn", "math")])
+V1_MODES = {("v1", "eager")}
+
+
+def debug_block(s: dict) -> str:
+    outcomes = s.get("debug")
+    if not outcomes:
+        return PLACEHOLDER
+    rows = [[str(o["stage"]), {True: "yes", False: "no", None: "n/a"}[o.get("tripped")], o["symptom"]]
+            for o in outcomes]
+    # Stage 4's broken run stops at the gradient guard (exit 5); the same run without the
+    # guard is what an unguarded harness would have published.
+    stages = _rows("debug", [(f"stage {n} {tag.replace('_', ' ')}", f"stage{n}_{tag}") for n in range(1, 6)
+                             for tag in ("broken", "no_guard", "fixed")])
+    return (table(["stage", "check tripped", "symptom"], rows) + "\n\n"
+            + row_table(s, [r for r in stages if r[1] in s["rows"]], cols=("tok/s", "step ms", "fwd / bwd / opt ms", "final loss")))
+
+
+def memory_check_block(s: dict) -> str:
+    m = s.get("memory")
+    if not m:
+        return PLACEHOLDER
+    rows = [[str(r.get("run", "?")), num(r.get("predicted MiB")), num(r.get("measured MiB")),
+             num(r.get("error %"), "+.1f") + "%", str(r.get("peak moment", ""))] for r in m]
+    return table(["run", "predicted MiB", "measured MiB", "error", "peak moment (model)"], rows)
+
+
+FLOP_COUNTER_NAMES = {"flopcounter": "PyTorch FlopCounterMode", "deepspeed": "DeepSpeed FLOPS profiler"}
+FLOP_SCOPES = {"step": "forward + backward, one step", "forward": "forward only, one step"}
+
+
+def flop_counters_block(s: dict) -> str:
+    rows = s.get("flop_counters")
+    if not rows:
+        return PLACEHOLDER
+    return table(["version", "counter", "what it counts", "counted FLOPs", "analytic FLOPs", "ratio"],
+                 [[VERSION_NAMES.get(r["version"], r["version"]), FLOP_COUNTER_NAMES.get(r["tool"], r["tool"]),
+                   FLOP_SCOPES.get(r.get("scope"), r.get("scope") or "-"), num(r.get("counted")),
+                   num(r.get("analytic")), num(r.get("ratio"), ".3f")] for r in rows])
+
+
+def sdpa_sweep_block(s: dict) -> str:
+    sweep = s["compare"].get("medium", {}).get("sdpa_sweep")
+    if not sweep:
+        return PLACEHOLDER
+    return table(["SDPA backend", "fwd+bwd ms (one layer)", "TFLOP/s (causal)"],
+                 [[r["backend"], num(r.get("fwd_bwd_ms"), ".3f"), num(r.get("tflops_causal"), ".0f")]
+                  if "error" not in r else [r["backend"], r["error"], "-"] for r in sweep])
+
+
+def graphs_block(s: dict) -> str:
+    return compare_table(s, "small", modes={("v1", "eager"), ("v4", "eager"), ("v4", "compile"),
+                                            ("v4", "reduce-overhead"), ("hf", "compile")})
+
+
+def v1_summary(s: dict) -> str:
+    rows = []
+    for preset in ("medium", "small"):
+        c, r = s["compare"].get(preset), speed(s, preset, "v1", "eager")
+        if c and r:
+            rows.append([preset, f"{c['batch_size']} x {c['seq_len']}", c["precision"], num(r["tokens_per_s"]),
+                         f"{num(r['step_ms'], '.2f')} ({' / '.join(num(r.get(f'{p}_ms'), '.2f') for p in ('forward', 'backward', 'optimizer'))})",
+                         pct(r["mfu_datasheet"]), num(r["peak_memory_mb"])])
+    if not rows:
+        return PLACEHOLDER
+    return table(["preset", "batch x seq", "precision", "tokens/s", "step ms (fwd / bwd / opt)", "MFU", "peak MB"], rows)
+
+
+def readme_table(s: dict) -> str:
+    if not s["compare"].get("medium"):
+        return PLACEHOLDER
+    med, small = s["compare"]["medium"], s["compare"].get("small")
+    rows = []
+    for r in med["rows"]:
+        rows.append([f"{VERSION_NAMES.get(r['version'], r['version'])}, {MODE_NAMES.get(r['mode'], r['mode'])}",
+                     num(r["tokens_per_s"]), num(r["x_v1_eager"], ".2f"), num(r["step_ms"], ".2f"),
+                     pct(r["mfu_datasheet"]), num(r["peak_memory_mb"])])
+    text = [f"Medium preset (batch {med['batch_size']} x seq {med['seq_len']}), {med['precision']}, "
+            "every version in one interleaved comparison:", "",
+            table(["version, mode", "tokens/s", "x V1", "step ms", "MFU", "peak MB"], rows)]
+    if small:
+        v4 = best(s, "small", "v4")
+        text += ["", f"On the launch-bound small preset (batch {small['batch_size']} x seq {small['seq_len']}) "
+                     f"V4 at its best ({MODE_NAMES.get(v4.get('mode'), '-')}) runs {ratio(v4, speed(s, 'small', 'v1', 'eager'))} "
+                     f"as fast as V1 and {ratio(v4, speed(s, 'small', 'hf', 'compile'))} as fast as the compiled peer."]
+    text += ["", provenance(s)]
+    return "\n".join(text)
+
+
+BLOCKS = {
+    "readme-table": readme_table,
+    "v1-summary": v1_summary,
+    "compare-medium": lambda s: compare_table(s, "medium"),
+    "compare-small": lambda s: compare_table(s, "small"),
+    "compare-large": lambda s: compare_table(s, "large"),
+    "v1-profile": lambda s: profile_block(s, "v1"),
+    "v3-profile": lambda s: profile_block(s, "v3"),
+    "v4-profile": lambda s: profile_block(s, "v4"),
+    "memory-vs-shape": lambda s: row_table(s, MEMORY_ROWS, cols=("tok/s", "step ms", "peak MB")),
+    "attention-memory": lambda s: row_table(s, ATTN_ROWS, cols=("tok/s", "step ms", "peak MB")),
+    "memory-check": memory_check_block,
+    "levers": lambda s: row_table(s, LEVER_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
+    "fusion-ablations": lambda s: row_table(s, FUSION_ROWS),
+    "gate-up": lambda s: row_table(s, GATE_UP_ROWS),
+    "v3-fusions": lambda s: row_table(s, V3_FUSION_ROWS),
+    "v2-compile": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v2", "eager"), ("v2", "compile")}),
+    "v3-v4": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v3", "eager"), ("v3", "compile"),
+                                                         ("v4", "eager"), ("v4", "compile")}),
+    "v4-modes": lambda s: compare_table(s, "medium", modes={("v4", m) for m in MODE_NAMES} | {("hf", "compile")}),
+    "kernels": kernels_table,
+    "block-sizes": lambda s: row_table(s, BLOCK_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
+    "sdpa-backends": lambda s: row_table(s, SDPA_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
+    "sdpa-sweep": sdpa_sweep_block,
+    "graphs-small": graphs_block,
+    "debug-stages": debug_block,
+    "flop-counters": flop_counters_block,
+}
+
+
+def render(name: str, s: dict | None) -> str:
+    if name not in BLOCKS:
+        raise SystemExit(f"error: unknown published block '{name}' (known: {', '.join(sorted(BLOCKS))})")
+    if s is None:
+        return PLACEHOLDER
+    try:
+        return BLOCKS[name](s)
+    except (KeyError, TypeError, ValueError) as e:  # a set without this part
+        return f"{PLACEHOLDER}\n<!-- {name}: {type(e).__name__} {e} -->"
+
+
+# ---------------------------------------------------------------- RESULTS.md
