@@ -189,9 +189,10 @@ def format_table(results: list[dict]) -> str:
     meaningless (step times spread over NOISY_SPREAD), and a line saying why."""
     rows = table_rows(results)
     base = next((r for r in results if r["version"] == "v1"), None)
+    base_noisy = base is not None and is_noisy(base)
     noisy = [r["version"] for r in results if is_noisy(r)]
     for row, r in zip(rows, results):
-        if row["speedup"] is not None and (is_noisy(r) or (base is not None and is_noisy(base))):
+        if row["speedup"] is not None and (base_noisy or is_noisy(r)):
             row["speedup"] = "noisy"
     headers = list(rows[0])
     cells = [[_fmt(row[h], FORMATS[h]) if h in FORMATS and not isinstance(row[h], str)

@@ -162,7 +162,8 @@ class TorchProfilerSession(Session):
         first, last = profiled_window(settings)
         self.memory = os.environ.get("PROFILE_MEMORY", "0") == "1" and device.type == "cuda"
         self.trace: Path | None = None
-        self._quiet_native = contextlib.ExitStack()
+        self._quiet_native = contextlib.ExitStack()  # holds native noise back while entered
+        self._holding_native = False
         super().__init__(settings, device, model, first, last)
         self.out.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU]
@@ -189,8 +190,9 @@ class TorchProfilerSession(Session):
     def step(self, index: int) -> None:
         # From the profiler's own warm-up step to its stop, native noise is held back
         # (the allocator's note comes from inside a training step, not from step()).
-        if index + 2 >= self.first and not self._quiet_native._exit_callbacks:
+        if index + 2 >= self.first and not self._holding_native:
             self._quiet_native.enter_context(native_stderr_filtered())
+            self._holding_native = True
         self.profiler.step()
         super().step(index)
 
