@@ -47,12 +47,15 @@ MiB = 1024 * 1024
 # ---------------------------------------------------------------- implementations
 @dataclass(frozen=True)
 class Implementation:
-    """The choices of a version that change what autograd keeps alive."""
+    """The choices of a run that change what autograd keeps alive. A version's spec
+    (<version folder>/spec.py) sets them: its `memory`, then each switch's `memory`."""
     attention: str = "explicit"   # explicit: T x T scores in memory; flash: never materialised
     fused_qkv: bool = False       # one x@W_qkv: one cast copy of the input instead of three
     fused_gate_up: bool = False   # one x@W_gate_up: one cast copy instead of two
-    fused_norm: bool = False      # RMSNorm kernel saving only its input and 1/rms
-    fused_swiglu: bool = False    # silu(g)*u kernel saving only g and u
+    # RMSNorm kernel saving only its input and 1/rms; SiLU*mul kernel saving only g and u.
+    # "gpu": a kernel that is fused on GPUs only (F.rms_norm, V2's generated SiLU*mul).
+    fused_norm: bool | str = False
+    fused_swiglu: bool | str = False
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
@@ -63,65 +66,26 @@ class Implementation:
                 f"AdamW {self.optimizer}")
 
 
-_V2 = Implementation(fused_qkv=True, fused_gate_up=True, fused_norm=True, fused_swiglu=True)
-IMPLEMENTATIONS = {"v1": Implementation(scores_fp32_copy=True), "v2": _V2,
-                   "v3": replace(_V2, attention="flash", gqa_native=True),
-                   "v4": replace(_V2, attention="flash", gqa_native=True)}
-
-
-# What each switch a results JSON records changes in what autograd keeps alive, by its
-# exact option name (a version's switches are listed in its model_options). V3's Triton
-# RMSNorm and SwiGLU kernels save what a fused kernel saves (implementation_for applies
-# them after V2's switches). A switch in NO_MEMORY_EFFECT changes how the work is done
-# but not which tensors are saved: the fused residual add stores h either way, the QKV
-# gradient written in one piece is a transient of backward, and RoPE's placement keeps
-# q and k the same size. A switch in neither table is refused, so a new switch must say
-# here what it does to memory.
-SWITCHES = {
-    "fused_qkv": lambda impl, on: replace(impl, fused_qkv=on),
-    "fused_gate_up": lambda impl, on: replace(impl, fused_gate_up=on),
-    "fused_rmsnorm": lambda impl, on: replace(impl, fused_norm=on),
-    "fused_swiglu": lambda impl, on: replace(impl, fused_swiglu=on),
-    # V3 without its attention kernels runs V2's attention: T x T scores, k/v repeated
-    "triton_attention": lambda impl, on: impl if on else replace(impl, attention="explicit",
-                                                                 gqa_native=False),
-    "gqa": lambda impl, value: replace(impl, gqa_native=value != "repeat"),
-    # SDPA's math backend materialises the scores like V1
-    "sdpa_backend": lambda impl, value: replace(impl, attention="explicit") if value == "math" else impl,
-}
-TRITON_SAVES_LIKE_FUSED = {"triton_rmsnorm", "triton_swiglu"}  # see triton_kernels below
-NO_MEMORY_EFFECT = {"fused_residual_norm", "fused_qkv_grad", "triton_rope", "rope_in_attention",
-                    "sdpa_kernel", "kernel_configs"}
-
-
-def triton_kernels(version: str, options: dict) -> tuple[bool, bool]:
-    """(Triton RMSNorm runs, Triton SwiGLU runs): V3's defaults and its switches as the
-    results record them, settled by V3 (version3_triton's Kernels.settled)."""
-    if version != "v3":
-        return False, False
-    return bool(options.get("triton_rmsnorm", True)), bool(options.get("triton_swiglu", True))
-
-
 def implementation_for(version: str, options: dict | None = None, run: dict | None = None,
                        device_type: str = "cuda") -> Implementation:
-    """A version's defaults, changed by the switches its results JSON records (SWITCHES)."""
-    impl = IMPLEMENTATIONS.get(version, Implementation())
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(SWITCHES) - TRITON_SAVES_LIKE_FUSED - NO_MEMORY_EFFECT)
-    if unknown and version in IMPLEMENTATIONS:  # others (the HF peer, debugging stages): defaults
-        raise AnalysisError(f"the memory model does not know the switch(es) {', '.join(unknown)} "
-                            f"of {version}: add each to analysis_tools/memory.py SWITCHES "
-                            f"(what it changes) or NO_MEMORY_EFFECT")
-    for key, value in options.items():
-        if key in SWITCHES:
-            impl = SWITCHES[key](impl, value)
-    # V2's one-kernel SiLU*mul is generated for GPUs only, and F.rms_norm has a fused
-    # kernel on GPUs only (on the CPU it is V1's maths); V3's Triton kernels save only
-    # their inputs (x and 1/rms; g and u) everywhere.
+    """What a run keeps alive: its version's spec, changed by the switches its results
+    JSON records (exact names; a switch the spec does not declare is refused)."""
+    try:
+        spec = config.load_spec(version)
+    except KeyError:  # not a version (the HF peer, the debugging stages): plain defaults
+        spec = None
+    impl = Implementation()
+    if spec is not None:
+        try:
+            changes = spec.memory_changes(dict(options or {}))
+        except KeyError as e:
+            raise AnalysisError(f"{version} declares no switch {e.args[0]}: a switch and what it "
+                                f"changes in memory are declared in {VERSIONS[version].folder}/spec.py") from None
+        for change in [spec.memory, *changes]:
+            impl = replace(impl, **change)
     gpu = device_type != "cpu"
-    triton_norm, triton_swiglu = triton_kernels(version, options)
-    impl = replace(impl, fused_norm=(impl.fused_norm and gpu) or triton_norm,
-                   fused_swiglu=(impl.fused_swiglu and gpu) or triton_swiglu)
+    impl = replace(impl, fused_norm=impl.fused_norm is True or (impl.fused_norm == "gpu" and gpu),
+                   fused_swiglu=impl.fused_swiglu is True or (impl.fused_swiglu == "gpu" and gpu))
     choice = (run or {}).get("optimizer", "default")
     if choice == "fused" and device_type == "cuda":
         impl = replace(impl, optimizer="fused")
@@ -255,7 +219,7 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
             impl: Implementation | str = "v1", grad_checkpoint: bool = False,
             grad_accum: int = 1, device: str | None = "cuda") -> Prediction:
     """Peak bytes of a steady-state training step (optimizer state already exists)."""
-    impl = IMPLEMENTATIONS[impl] if isinstance(impl, str) else impl
+    impl = implementation_for(impl, device_type=device or "cuda") if isinstance(impl, str) else impl
     sh = Shape(cfg, batch, seq, precision)
     c, a, n, L = cfg, sh.a, sh.n, cfg.num_layers
     nd, nf, nv = n * c.hidden_dim, n * c.ffn_dim, n * c.vocab_size

@@ -18,7 +18,7 @@ Modes: eager, compile (torch.compile), reduce-overhead (compile + CUDA/HIP
 graphs), max-autotune (compile + GEMM autotuning: slow to compile), and
 compile-master / reduce-overhead-master (the same with `--optimizer master`:
 bf16 weights, fp32 masters in the optimizer; bf16 only). Each
-version runs the modes it was written for (VERSION_MODES) that --modes asks
+version runs the modes its spec lists (<version folder>/spec.py) that --modes asks
 for; V1 is the plain-PyTorch baseline and always runs eager. When
 `transformers` is importable a peer joins: Hugging Face LlamaForCausalLM of the
 same shape (SDPA attention, torch.compile), trained by the same loop.
@@ -54,20 +54,10 @@ import training  # noqa: E402
 from harness import UsageError, WorkshopError  # noqa: E402
 from harness import results as run_results  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
-from harness.config import PRECISIONS, VERSIONS, load_version  # noqa: E402
+from harness.config import PRECISIONS, VERSIONS, load_spec, load_version  # noqa: E402
+from harness.spec import MODE_FLAGS  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
-VERSION_MODES = {"v1": ("eager",), "v2": ("eager", "compile"),
-                 "v3": ("eager", "compile", "reduce-overhead", "reduce-overhead-master"),
-                 "v4": ("eager", "compile", "reduce-overhead", "max-autotune",
-                        "compile-master", "reduce-overhead-master")}
-MODE_FLAGS = {"eager": [], "compile": ["--compile"],
-              "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
-              "max-autotune": ["--compile", "--compile-mode", "max-autotune"]}
-# "-master": the same with bf16 weights and fp32 master copies in the optimizer
-# (--optimizer master, bf16 only): autocast's arithmetic without its weight casts.
-MODE_FLAGS.update({f"{mode}-master": [*MODE_FLAGS[mode], "--optimizer", "master"]
-                   for mode in ("compile", "reduce-overhead")})
 # The workshop's speed targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
 # A target on the measured ceiling is judged only when the ceiling probes before and
 # after the runs agree within harness.probes.STABLE_PERCENT; the datasheet MFU is shown beside it.
@@ -447,8 +437,11 @@ def compare(args) -> dict:
         if why_not:
             print(f"note: {why_not}")
             continue
-        allowed = peer_modes if name == PEER else [m for m in VERSION_MODES[name] if m in modes]
-        pairs += [(name, m) for m in (allowed or VERSION_MODES[name][:1])]
+        if name == PEER:
+            pairs += [(name, m) for m in peer_modes]
+            continue
+        own = load_spec(name).modes  # its plain mode first
+        pairs += [(name, m) for m in ([m for m in own if m in modes] or own[:1])]
     if not pairs:
         raise UsageError("nothing to run: none of --versions is available here")
     output = Path(args.output or REPO / "results" / f"compare_{preset}.json")

@@ -116,7 +116,8 @@ have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
 finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
 # train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists),
-# with the flags a compare_versions run has, so a row and a comparison's run compare
+# with the flags a compare_versions run has, so a row and a comparison's run compare.
+# ROW_ENV: VAR=value settings for the run; OK_EXIT: exits that are answers.
 OK_EXIT=3
 train() {
     local dir=$1 name=$2 script=$3; shift 3
@@ -124,7 +125,7 @@ train() {
     if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
     mkdir -p "$W/$dir"
     echo "== $name: $script $*" >> "$W/$dir/runs.log"
-    if timeout 300 $PY "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
+    if env ${ROW_ENV:-} timeout 300 $PY "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
             --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1; then
         say "   $dir/$name ok"
     else
@@ -151,9 +152,26 @@ from_compare() {
     fi
 }
 
+# run_rows STEP: the step's training rows as benchmarks/experiments.py names them (each at
+# the $MEDIUM preset; a row that repeats a medium comparison's run is copied from it)
+run_rows() {
+    local quick=(); [ $QUICK = 1 ] && quick=(--quick)
+    local listing; listing=$($PY -m benchmarks.experiments rows "$1" "${quick[@]}") || { failed=1; return; }
+    local name version script same answers env flags
+    while IFS=$'\t' read -r -u 3 -a fields; do  # fd 3: a run never reads the listing
+        name=${fields[0]} version=${fields[1]} script=${fields[2]} same=${fields[3]}
+        answers=${fields[4]} env=${fields[5]} flags=("${fields[@]:6}")
+        [ "$answers" = - ] && answers=""; [ "$env" = - ] && env=""
+        if [ "$same" = - ]; then
+            ROW_ENV=$env OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset $MEDIUM "${flags[@]}"
+        else
+            ROW_ENV=$env OK_EXIT="3 $answers" from_compare "$1" "$name" "$version" "$same" "$script" --preset $MEDIUM "${flags[@]}"
+        fi
+    done 3<<< "$listing"
+}
+
 COMPARISONS=(medium small large)  # the presets of the compare-* steps
 V1=version1_baseline/tiny_llama_v1.py
-V2=version2_fused/tiny_llama_v2.py
 V3=version3_triton/tiny_llama_v3.py
 V4=version4_sdpa/tiny_llama_v4.py
 
@@ -216,56 +234,14 @@ run_step() {
         $PY tools/publish.py debug-json "$W/debug/stages.log" "$W/debug/outcomes.json" || failed=1
         grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
     memory)
-        for b in 4 8 32; do train memory v1_b${b}_s512 $V1 --preset $MEDIUM --precision bf16 --batch-size $b; done
-        from_compare memory v1_b16_s512 v1 eager $V1 --preset $MEDIUM --precision bf16
-        for s in 128 256; do train memory v1_b16_s$s $V1 --preset $MEDIUM --precision bf16 --seq-len $s; done
-        for s in 256 512 1024; do   # the T x T scores: V1 against V4 as the sequence grows
-            train memory attn_v1_s$s $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --seq-len $s --max-seq-len 1024
-            train memory attn_v4_s$s $V4 --preset $MEDIUM --precision bf16 --batch-size 8 --seq-len $s --max-seq-len 1024
-        done
+        run_rows memory
         if ! have "$W/memory/memory_check.json"; then
             local ok=(); for f in "$W"/memory/v1_*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
             $PY -m analysis_tools memory "${ok[@]}" --json "$W/memory/memory_check.json" \
                 --out-dir "$W/memory" > "$W/memory/memory_check.log" 2>&1 || failed=1
             tail -n 8 "$W/memory/memory_check.log"
         fi ;;
-    levers)
-        if [ $QUICK = 1 ]; then train levers prec_fp32 $V1 --preset $MEDIUM --precision fp32; return; fi
-        for p in fp32 tf32; do train levers prec_$p $V1 --preset $MEDIUM --precision $p; done
-        from_compare levers prec_bf16 v1 eager $V1 --preset $MEDIUM --precision bf16
-        train levers batch8_accum2 $V1 --preset $MEDIUM --precision bf16 --batch-size 8 --grad-accum 2
-        train levers ckpt_on $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint
-        train levers ckpt_on_b32 $V1 --preset $MEDIUM --precision bf16 --grad-checkpoint --batch-size 32
-        train levers data_text $V1 --preset $MEDIUM --precision bf16 --data text --vocab-size 1000
-        train levers opt_fused $V1 --preset $MEDIUM --precision bf16 --optimizer fused ;;
-    fusion)
-        local graphs=(--compile --compile-mode reduce-overhead --optimizer master)
-        # V3's fusions across operator boundaries, each against V3 without it
-        from_compare fusion v3_graphs_master v3 reduce-overhead-master $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}"
-        train fusion v3_graphs_master_no_fused_residual_norm $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-residual-norm
-        train fusion v3_graphs_master_no_fused_qkv_grad $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-qkv-grad
-        train fusion v3_graphs_master_no_triton_swiglu $V3 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-triton-swiglu
-        from_compare fusion v3_eager v3 eager $V3 --preset $MEDIUM --precision bf16
-        train fusion v3_eager_rope_in_attention $V3 --preset $MEDIUM --precision bf16 --rope-in-attention
-        from_compare fusion v2_all_on v2 eager $V2 --preset $MEDIUM --precision bf16
-        for f in fused-qkv fused-gate-up fused-rmsnorm fused-swiglu; do
-            train fusion v2_no_${f//-/_} $V2 --preset $MEDIUM --precision bf16 --no-$f
-        done
-        from_compare fusion v4_graphs_master v4 reduce-overhead-master $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}"
-        train fusion v4_graphs_master_no_fused_gate_up $V4 --preset $MEDIUM --precision bf16 "${graphs[@]}" --no-fused-gate-up ;;
-    blocks)
-        from_compare blocks autotuned v3 eager $V3 --preset $MEDIUM --precision bf16
-        for cfg in "BLOCK_M=32,BLOCK_N=32,num_warps=4,num_stages=2" \
-                   "BLOCK_M=64,BLOCK_N=64,num_warps=4,num_stages=3" \
-                   "BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"; do
-            local name=fwd_$(echo "$cfg" | sed 's/BLOCK_//g; s/num_//g; s/[=,]/_/g')
-            V3_ATTN_FWD_CONFIG="$cfg" train blocks "$name" $V3 --preset $MEDIUM --precision bf16
-        done ;;
-    sdpa)
-        from_compare sdpa backend_auto v4 eager $V4 --preset $MEDIUM --precision bf16 --sdpa-backend auto
-        for b in flash efficient cudnn math; do
-            OK_EXIT="2 3" train sdpa backend_$b $V4 --preset $MEDIUM --precision bf16 --sdpa-backend $b
-        done ;;
+    levers|fusion|blocks|sdpa) run_rows "$1" ;;
     flops)
         # V3 runs its Triton kernels in the CPU interpreter (~40 s): --quick leaves it out
         local versions=(v1 v2 v3 v4); [ $QUICK = 1 ] && versions=(v1 v2 v4)

@@ -101,10 +101,11 @@ PRESETS: dict[str, Preset] = {
 # ---------------------------------------------------------------- versions
 @dataclass(frozen=True)
 class Version:
+    """Where a version lives. What it is (modes, switches, memory) is declared beside
+    its model, in <folder>/spec.py: load_spec."""
     name: str    # what results, tables and --version flags call it: "v1"
     folder: str  # "version1_baseline"
     stem: str    # the script's file name without .py: "tiny_llama_v1"
-    adds: str    # the one idea this version adds
 
     @property
     def module(self) -> str:
@@ -118,10 +119,10 @@ class Version:
 
 
 VERSIONS: dict[str, Version] = {v.name: v for v in (
-    Version("v1", "version1_baseline", "tiny_llama_v1", "plain PyTorch, written to be read: the baseline"),
-    Version("v2", "version2_fused", "tiny_llama_v2", "fused projections and ops, torch.compile"),
-    Version("v3", "version3_triton", "tiny_llama_v3", "Triton RMSNorm, RoPE and flash attention"),
-    Version("v4", "version4_sdpa", "tiny_llama_v4", "PyTorch SDPA (vendor flash kernels), CUDA/HIP graphs"),
+    Version("v1", "version1_baseline", "tiny_llama_v1"),
+    Version("v2", "version2_fused", "tiny_llama_v2"),
+    Version("v3", "version3_triton", "tiny_llama_v3"),
+    Version("v4", "version4_sdpa", "tiny_llama_v4"),
 )}
 
 # Every other version starts from this version's weights: same model, same parameters.
@@ -131,6 +132,12 @@ REFERENCE_VERSION = "v1"
 def load_version(name: str):
     """Import a version's module (KeyError: no such version; ModuleNotFoundError: not here)."""
     return importlib.import_module(VERSIONS[name].module)
+
+
+def load_spec(name: str):
+    """A version's VersionSpec (harness/spec.py), without importing torch or its model
+    (KeyError: no such version)."""
+    return importlib.import_module(f"{VERSIONS[name].folder}.spec").SPEC
 
 
 def reference_weights(config: ModelConfig, seed: int) -> dict:

@@ -128,14 +128,11 @@ def test_model_within_15_percent_of_committed_gpu_runs():
 
 # ---- every switch is modelled as what it runs ----------------------------------------------
 def _options(version, *argv):
-    """The options a version records for these flags (its own model_options)."""
-    from harness.config import load_version
+    """The options a version records for these flags (settled by its spec)."""
+    from harness.config import load_spec
     from training import cli
-    module = load_version(version)
-    adder = getattr(module, "add_arguments", None) or getattr(module, "add_fusion_arguments", None)
-    args = cli.build_parser(version, "", adder).parse_args(list(argv))
-    options = getattr(module, "model_options", None) or getattr(module, "fusion_options")
-    return options(args)
+    spec = load_spec(version)
+    return spec.options(cli.build_parser(version, "", spec.add_arguments).parse_args(list(argv)))
 
 
 V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
@@ -160,15 +157,16 @@ def test_a_v3_run_with_one_switch_changed_is_modelled_as_what_it_runs(flag):
     assert switched == replace(default, **V3_SWITCHES[flag])
 
 
-def test_every_switch_of_every_version_is_known_to_the_memory_model():
-    from harness.config import VERSIONS
+def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
+    from dataclasses import fields
+    from harness.config import VERSIONS, load_spec
+    known = {f.name for f in fields(M.Implementation)}
     for version in VERSIONS:
-        try:
-            options = _options(version)
-        except AttributeError:  # a version without switches (V1)
-            continue
-        assert set(options) <= set(M.SWITCHES) | M.TRITON_SAVES_LIKE_FUSED | M.NO_MEMORY_EFFECT, version
-    with pytest.raises(M.AnalysisError, match="does not know the switch"):
+        spec = load_spec(version)
+        changes = [spec.memory, *(c for s in spec.switches for c in s.memory.values())]
+        assert all(set(c) <= known for c in changes), version
+        M.implementation_for(version, _options(version))  # every recorded option is declared
+    with pytest.raises(M.AnalysisError, match="declares no switch fused_everything"):
         M.implementation_for("v3", {"fused_everything": True})
 
 

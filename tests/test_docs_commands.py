@@ -34,6 +34,7 @@ from conftest import REPO
 
 import harness
 import training
+from harness.spec import VersionSpec
 from training import cli
 
 DOC_GLOBS = ["README.md", "docs/*.md", "setup/*.md", "version*/README.md", "exercises/**/*.md"]
@@ -134,6 +135,8 @@ class HarnessParsed(Exception):
 def parse_only(version, build_model, *, description="", add_arguments=None, model_options=None,
                preflight=None, init_from_v1=True, default_optimizer="default", interpreted=False, argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if isinstance(version, VersionSpec):  # a version's SPEC, as training.main takes it
+        version, add_arguments = version.name, version.add_arguments
     parser = cli.build_parser(version, description, add_arguments, default_optimizer)
     args = parser.parse_args(argv)  # UsageError on a bad flag; --help exits
     cli.settings_from_args(version, args, argv, interpreted)  # value checks (seq-len <= max_seq_len, ...)

@@ -120,7 +120,7 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
     from version2_fused import tiny_llama_v2 as v2
 
     def name(*argv, version="v2"):
-        parser = cli.build_parser(version, "", v2.add_fusion_arguments)
+        parser = cli.build_parser(version, "", v2.SPEC.add_arguments)
         args = parser.parse_args(list(argv))
         settings = cli.settings_from_args(version, args, list(argv))
         return Path(cli.default_output(settings, parser, args))

@@ -110,9 +110,9 @@ def test_checkpoints_round_trip_between_layouts(version):
 
 def test_fusion_switches_reach_the_results_options():
     v2 = load_version("v2")
-    parser = build_parser("v2", "", v2.add_fusion_arguments)
+    parser = build_parser("v2", "", v2.SPEC.add_arguments)
     args = parser.parse_args(["--no-fused-qkv", "--no-fused-swiglu"])
-    assert v2.fusion_options(args) == {"fused_qkv": False, "fused_gate_up": True,
+    assert v2.SPEC.options(args) == {"fused_qkv": False, "fused_gate_up": True,
                                        "fused_rmsnorm": True, "fused_swiglu": False}
 
 

@@ -32,6 +32,22 @@ def test_readme_quotes_no_measured_number_outside_a_block():
     assert not re.findall(r"\b\d{2,3},\d{3}\b", text), "a hand-copied throughput in README.md"
 
 
+def test_every_row_is_named_once_in_the_manifest():
+    """benchmarks/experiments.py names each training row: reproduce runs it (no row of its
+    own), publish shows it in its block, and its flags are its version's."""
+    from benchmarks.experiments import ROWS
+    from harness.config import load_spec
+    from training import cli
+    published = json.loads((REPO / "docs/published/h200/summary.json").read_text())["rows"]
+    assert {r.key for r in ROWS} <= set(published)
+    assert {r.block for r in ROWS} <= set(blocks.BLOCKS)
+    script = (REPO / "benchmarks/reproduce.sh").read_text()
+    assert not re.search(r"^\s*(train|from_compare) (memory|levers|fusion|blocks|sdpa) ", script, re.M)
+    for r in ROWS:
+        spec = load_spec(r.version)
+        cli.build_parser(r.version, "", spec.add_arguments).parse_args(["--preset", "medium", *r.flags])
+
+
 def test_gpu_slug():
     assert publish.gpu_slug("NVIDIA H200") == "h200"
     assert publish.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"

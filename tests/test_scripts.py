@@ -29,6 +29,8 @@ SCRIPTS = {
     "benchmarks/compare_versions.py": dict(
         cpu="tests/test_analysis_compare_versions.py::test_compare_versions_stores_whole_results",
         gpu=None),  # tests/test_gpu_parity.py::test_gpu_compare_versions_reports_each_runs_own_peak
+    "benchmarks/experiments.py": dict(
+        cpu="tests/test_publish.py::test_reproduce_quick_makes_a_published_set", gpu=None),
     "benchmarks/host_overhead.py": dict(
         cpu="tests/test_scripts.py::test_host_overhead_cases_run_in_the_interpreter",
         gpu=[PY, "benchmarks/host_overhead.py", "--output", "{tmp}/host_overhead.json"]),

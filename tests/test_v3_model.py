@@ -227,9 +227,9 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
     (the SwiGLU kernel without the one gate/up GEMM, ...) is recorded off."""
     from training import cli
     v3 = load_version("v3")
-    args = cli.build_parser("v3", "", v3.add_arguments).parse_args(flags)
+    args = cli.build_parser("v3", "", v3.SPEC.add_arguments).parse_args(flags)
     defaults = {**dict.fromkeys(("fused_qkv", "fused_gate_up", "fused_rmsnorm", "fused_swiglu",
                                  "triton_rmsnorm", "triton_attention", "triton_rope",
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
                 "rope_in_attention": False}
-    assert v3.model_options(args) == {**defaults, **settled}
+    assert v3.SPEC.options(args) == {**defaults, **settled}

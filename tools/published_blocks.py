@@ -8,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.experiments import block_rows  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
 
@@ -100,31 +101,6 @@ def _rows(prefix: str, names: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(label, f"{prefix}/{name}") for label, name in names]
 
 
-MEMORY_ROWS = _rows("memory", [(f"V1 batch {b} x seq 512", f"v1_b{b}_s512") for b in (4, 8, 16, 32)]
-                    + [(f"V1 batch 16 x seq {t}", f"v1_b16_s{t}") for t in (128, 256)])
-ATTN_ROWS = _rows("memory", [(f"{v.upper()} batch 8 x seq {t}", f"attn_{v}_s{t}")
-                             for t in (256, 512, 1024) for v in ("v1", "v4")])
-LEVER_ROWS = _rows("levers", [("fp32", "prec_fp32"), ("tf32", "prec_tf32"), ("bf16", "prec_bf16"),
-                              ("bf16, batch 8 x 2 accumulated", "batch8_accum2"),
-                              ("bf16, checkpointing", "ckpt_on"), ("bf16, checkpointing, batch 32", "ckpt_on_b32"),
-                              ("bf16, text data (vocab 1000)", "data_text"), ("bf16, fused AdamW", "opt_fused")])
-FUSION_ROWS = _rows("fusion", [("V2, every fusion on", "v2_all_on"), ("V2 without fused QKV", "v2_no_fused_qkv"),
-                               ("V2 without fused gate/up", "v2_no_fused_gate_up"),
-                               ("V2 without fused RMSNorm", "v2_no_fused_rmsnorm"),
-                               ("V2 without fused SiLU*mul", "v2_no_fused_swiglu")])
-GATE_UP_ROWS = _rows("fusion", [("V4 graphs + master weights", "v4_graphs_master"),
-                                ("the same, `--no-fused-gate-up`", "v4_graphs_master_no_fused_gate_up")])
-V3_FUSION_ROWS = _rows("fusion", [("V3 graphs + master weights", "v3_graphs_master"),
-                                   ("the same, `--no-fused-residual-norm`", "v3_graphs_master_no_fused_residual_norm"),
-                                   ("the same, `--no-fused-qkv-grad`", "v3_graphs_master_no_fused_qkv_grad"),
-                                   ("the same, `--no-triton-swiglu`", "v3_graphs_master_no_triton_swiglu"),
-                                   ("V3 eager", "v3_eager"),
-                                   ("the same, `--rope-in-attention`", "v3_eager_rope_in_attention")])
-BLOCK_ROWS = _rows("blocks", [("autotuned", "autotuned"), ("BLOCK_M=32, BLOCK_N=32, 4 warps, 2 stages", "fwd_M_32_N_32_warps_4_stages_2"),
-                              ("BLOCK_M=64, BLOCK_N=64, 4 warps, 3 stages", "fwd_M_64_N_64_warps_4_stages_3"),
-                              ("BLOCK_M=128, BLOCK_N=64, 8 warps, 3 stages", "fwd_M_128_N_64_warps_8_stages_3")])
-SDPA_ROWS = _rows("sdpa", [(f"`--sdpa-backend {b}`", f"backend_{b}") for b in ("auto", "flash", "efficient", "cudnn", "math")])
-V1_MODES = {("v1", "eager")}
 
 
 def debug_block(s: dict) -> str:
@@ -221,20 +197,20 @@ BLOCKS = {
     "v1-profile": lambda s: profile_block(s, "v1"),
     "v3-profile": lambda s: profile_block(s, "v3"),
     "v4-profile": lambda s: profile_block(s, "v4"),
-    "memory-vs-shape": lambda s: row_table(s, MEMORY_ROWS, cols=("tok/s", "step ms", "peak MB")),
-    "attention-memory": lambda s: row_table(s, ATTN_ROWS, cols=("tok/s", "step ms", "peak MB")),
+    "memory-vs-shape": lambda s: row_table(s, block_rows("memory-vs-shape"), cols=("tok/s", "step ms", "peak MB")),
+    "attention-memory": lambda s: row_table(s, block_rows("attention-memory"), cols=("tok/s", "step ms", "peak MB")),
     "memory-check": memory_check_block,
-    "levers": lambda s: row_table(s, LEVER_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
-    "fusion-ablations": lambda s: row_table(s, FUSION_ROWS),
-    "gate-up": lambda s: row_table(s, GATE_UP_ROWS),
-    "v3-fusions": lambda s: row_table(s, V3_FUSION_ROWS),
+    "levers": lambda s: row_table(s, block_rows("levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
+    "fusion-ablations": lambda s: row_table(s, block_rows("fusion-ablations")),
+    "gate-up": lambda s: row_table(s, block_rows("gate-up")),
+    "v3-fusions": lambda s: row_table(s, block_rows("v3-fusions")),
     "v2-compile": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v2", "eager"), ("v2", "compile")}),
     "v3-v4": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v3", "eager"), ("v3", "compile"),
                                                          ("v4", "eager"), ("v4", "compile")}),
     "v4-modes": lambda s: compare_table(s, "medium", modes={("v4", m) for m in MODE_NAMES} | {("hf", "compile")}),
     "kernels": kernels_table,
-    "block-sizes": lambda s: row_table(s, BLOCK_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
-    "sdpa-backends": lambda s: row_table(s, SDPA_ROWS, cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
+    "block-sizes": lambda s: row_table(s, block_rows("block-sizes"), cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
+    "sdpa-backends": lambda s: row_table(s, block_rows("sdpa-backends"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
     "sdpa-sweep": sdpa_sweep_block,
     "graphs-small": graphs_block,
     "debug-stages": debug_block,

@@ -13,6 +13,7 @@ import sys
 from harness.args import HelpFormatter, OneLineParser
 from harness.config import PRECISIONS, PRESETS, REFERENCE_VERSION, RunSettings, reference_weights
 from harness.errors import UsageError, WorkshopError
+from harness.spec import VersionSpec
 
 
 # Steps of a run when --num-steps is not given. Kernels running in Triton's CPU
@@ -232,22 +233,28 @@ INTERPRETER_NOTE = ("{version}: no GPU: the Triton kernels run in Triton's CPU i
                     "line estimates the time left; --num-steps to change)")
 
 
-def main(version: str, build_model, *, description: str = "", add_arguments=None,
+def main(version, build_model, *, description: str = "", add_arguments=None,
          model_options=None, preflight=None, init_from_v1: bool = True,
          default_optimizer: str = "default", interpreted: bool = False,
          argv: list[str] | None = None) -> int:
     """Parse flags, train, write results. Returns the process exit code.
 
+    version: a version's SPEC (harness/spec.py: its flags and settled switches come
+    from it), or a name with add_arguments/model_options of its own.
     build_model(config, **options) -> nn.Module whose forward(ids) returns logits.
     model_options(args) -> dict of version switches passed to build_model and
     recorded in the results. preflight(args, run) -> dict: the version's one-time
     checks before training (run is a training.trainer.Preflight: settings, device,
-    precision); its dict joins the options. init_from_v1: start from V1's weights
+    precision); its dict joins the options (with a SPEC: switches it declares with
+    flag=False). init_from_v1: start from V1's weights
     (same seed), so every version trains the very same model. interpreted: the
     version's kernels run in Triton's CPU interpreter here (a shorter default
     run, and a notice at start).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    spec = version if isinstance(version, VersionSpec) else None
+    if spec is not None:
+        version, add_arguments, model_options = spec.name, spec.add_arguments, spec.options
     try:
         parser = build_parser(version, description, add_arguments, default_optimizer)
         args = parser.parse_args(argv)
@@ -255,7 +262,10 @@ def main(version: str, build_model, *, description: str = "", add_arguments=None
         settings.options = dict(model_options(args)) if model_options else {}
         if preflight is not None:
             from .trainer import Preflight  # late import keeps --help fast
-            settings.options.update(preflight(args, Preflight(settings)))
+            chosen = preflight(args, Preflight(settings))
+            undeclared = set(chosen) - {s.name for s in spec.switches if not s.flag} if spec else ()
+            assert not undeclared, f"{version}'s preflight records undeclared {undeclared}"
+            settings.options.update(chosen)
         settings.output = settings.output or default_output(settings, parser, args)
         if interpreted and not settings.quiet:
             print(INTERPRETER_NOTE.format(version=version, steps=settings.num_steps), flush=True)

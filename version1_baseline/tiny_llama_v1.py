@@ -23,6 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
 import training  # noqa: E402
 from harness import ModelConfig  # noqa: E402
+from version1_baseline.spec import SPEC  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -158,7 +159,7 @@ def build_model(config: ModelConfig) -> nn.Module:
 
 
 def main(argv=None) -> int:
-    return training.main("v1", build_model, argv=argv,
+    return training.main(SPEC, build_model, argv=argv,
                          description="Version 1: the plain PyTorch baseline.")
 
 

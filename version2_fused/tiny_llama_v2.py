@@ -25,17 +25,16 @@ Attention is still the explicit T x T score matrix with a mask and a softmax:
 flash attention is the lesson of versions 3 and 4.
 
 Every fusion has a switch (--no-fused-qkv, --no-fused-gate-up,
---no-fused-rmsnorm, --no-fused-swiglu) so each one can be measured alone; the
-results JSON records which were on. V1 checkpoints load unchanged:
+--no-fused-rmsnorm, --no-fused-swiglu; declared in spec.py) so each one can be
+measured alone; the results JSON records which were on. V1 checkpoints load unchanged:
 `model.load_state_dict(v1_state)` stacks V1's separate weights on the way in.
 
 Run:  python version2_fused/tiny_llama_v2.py --preset tiny
 """
-import argparse
 import functools
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,21 +46,17 @@ import training  # noqa: E402
 from harness import ModelConfig  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as PlainRMSNorm  # noqa: E402
 from version1_baseline.tiny_llama_v1 import rope_tables  # noqa: E402
+from version2_fused.spec import SPEC  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Fusions:
-    """Which fusions are on. All on is V2; switch one off to measure what it buys."""
+    """Which fusions are on (their switches: spec.py). All on is V2; switch one off
+    to measure what it buys."""
     fused_qkv: bool = True
     fused_gate_up: bool = True
     fused_rmsnorm: bool = True
     fused_swiglu: bool = True
-
-
-FUSION_HELP = {"fused_qkv": "one GEMM for q, k and v",
-               "fused_gate_up": "one GEMM for the MLP's gate and up projections",
-               "fused_rmsnorm": "RMSNorm as one kernel (F.rms_norm)",
-               "fused_swiglu": "SiLU(gate)*up as one generated kernel (GPU, without --compile)"}
 
 
 class FusedLinear(nn.Linear):
@@ -274,20 +269,8 @@ def build_model(config: ModelConfig, **fusion_flags) -> nn.Module:
     return TinyLlama(config, Fusions(**fusion_flags))
 
 
-def add_fusion_arguments(group) -> None:
-    for name, what in FUSION_HELP.items():
-        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=True,
-                           action=argparse.BooleanOptionalAction,
-                           help=f"{what}; --no-{name.replace('_', '-')} measures without it")
-
-
-def fusion_options(args) -> dict:
-    return asdict(Fusions(**{name: getattr(args, name) for name in Fusions.__dataclass_fields__}))
-
-
 def main(argv=None) -> int:
-    return training.main("v2", build_model, argv=argv, add_arguments=add_fusion_arguments,
-                         model_options=fusion_options,
+    return training.main(SPEC, build_model, argv=argv,
                          description="Version 2: V1 with fused projections, norms and activations.")
 
 

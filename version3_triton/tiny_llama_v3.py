@@ -41,7 +41,7 @@ lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
 --no-fused-residual-norm, --no-fused-qkv-grad, --no-triton-swiglu, V2's fusion
-flags) measure each piece alone; --rope-in-attention is an option, off by
+flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention is an option, off by
 default, measured against the default the same way. Block sizes of the kernels can be
 forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
@@ -53,10 +53,9 @@ Run:  python version3_triton/tiny_llama_v3.py --preset tiny
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -67,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh
 import training  # noqa: E402
 from harness import ModelConfig, UsageError  # noqa: E402
 from version2_fused import tiny_llama_v2 as v2  # noqa: E402
+from version3_triton.spec import SPEC  # noqa: E402
 
 if not torch.cuda.is_available():  # must happen before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -85,8 +85,8 @@ def require_triton() -> None:
 
 @dataclass(frozen=True)
 class Kernels:
-    """V3's switches. `settled` applies the rules between them and V2's fusions in one
-    place: the result is what the model runs and what the results JSON records."""
+    """V3's kernel switches as the model runs them (settled by SPEC.settle: spec.py
+    declares which switch needs which)."""
     triton_rmsnorm: bool = True
     triton_attention: bool = True
     triton_rope: bool = True
@@ -95,27 +95,17 @@ class Kernels:
     fused_qkv_grad: bool = True
     triton_swiglu: bool = True
 
-    def settled(self, fusions: v2.Fusions) -> "Kernels":
-        rope = self.triton_rope and fusions.fused_qkv  # it rotates q and k of the one QKV GEMM
-        return Kernels(
-            triton_rmsnorm=self.triton_rmsnorm, triton_attention=self.triton_attention,
-            triton_rope=rope,
-            rope_in_attention=self.rope_in_attention and self.triton_attention and rope,
-            fused_residual_norm=self.fused_residual_norm and self.triton_rmsnorm,  # their kernel
-            fused_qkv_grad=self.fused_qkv_grad and self.triton_attention and rope,
-            triton_swiglu=self.triton_swiglu and fusions.fused_gate_up)  # on the one GEMM's output
-
     @property
     def any_kernel(self) -> bool:
         return self.triton_rmsnorm or self.triton_attention or self.triton_rope or self.triton_swiglu
 
 
 def split_switches(switches: dict) -> tuple[v2.Fusions, Kernels]:
-    """V2's fusions and V3's kernels (settled) from one dict of switches."""
+    """V2's fusions and V3's kernels, settled, from one dict of switches."""
+    settled = SPEC.settle(switches)
     names = {f.name for f in fields(v2.Fusions)}
-    fusions = v2.Fusions(**{k: v for k, v in switches.items() if k in names})
-    kernels = Kernels(**{k: v for k, v in switches.items() if k not in names})
-    return fusions, kernels.settled(fusions)
+    return (v2.Fusions(**{k: v for k, v in settled.items() if k in names}),
+            Kernels(**{k: v for k, v in settled.items() if k not in names}))
 
 
 class TritonRMSNorm(v2.PlainRMSNorm):
@@ -204,7 +194,7 @@ class ResidualNormLlama(v2.TinyLlama):
 
 
 def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
-    """switches: V2's fusions and V3's Kernels by name (settled: Kernels.settled).
+    """switches: V2's fusions and V3's Kernels by name (settled: SPEC.settle).
     kernel_configs is only recorded (forced launch configurations); it changes nothing."""
     fusions, kernels = split_switches(switches)
     any_kernel = kernels.any_kernel
@@ -240,29 +230,7 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
     return model
 
 
-# ---- command line --------------------------------------------------------------
-def add_arguments(group) -> None:
-    v2.add_fusion_arguments(group)
-    for name, what in (("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels"),
-                       ("triton_attention", "flash attention forward/backward as Triton kernels"),
-                       ("triton_rope", "RoPE of q and k as one Triton kernel each way"),
-
-                       ("fused_residual_norm", "each residual add done by the next RMSNorm's "
-                                               "kernels (with --triton-rmsnorm)"),
-                       ("fused_qkv_grad", "RoPE and attention as one step on the QKV GEMM's "
-                                          "output, whose gradient the kernels write whole "
-                                          "(with --triton-rope and --triton-attention)"),
-                       ("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the "
-                                         "gate/up GEMM's output, its gradient written whole "
-                                         "(with V2's --fused-gate-up)")):
-        flag = name.replace("_", "-")
-        group.add_argument(f"--{flag}", dest=name, default=True, action=argparse.BooleanOptionalAction,
-                           help=f"{what}; --no-{flag} falls back to V2's version")
-    group.add_argument("--rope-in-attention", default=False, action=argparse.BooleanOptionalAction,
-                       help="RoPE applied by the attention kernels as they load q and k, instead "
-                            "of the RoPE kernel's own pass (eager only: see the README)")
-
-
+# ---- command line (the switches' flags come from SPEC) ----------------------------
 def forced_configs(run) -> dict:
     """Launch configurations forced through the environment, checked before training
     starts (ValueError says what is wrong), with their defaults filled in."""
@@ -274,13 +242,6 @@ def forced_configs(run) -> dict:
             width = cfg.hidden_dim if name.startswith("rmsnorm") else cfg.head_dim
             checked[name] = tk.check_config(name, config, width, run.bytes_per_value)
     return checked
-
-
-def model_options(args) -> dict:
-    """V2's fusion switches and V3's kernel switches, settled: what the model runs."""
-    fusions, kernels = split_switches({**v2.fusion_options(args),
-                                       **{f.name: getattr(args, f.name) for f in fields(Kernels)}})
-    return {**asdict(fusions), **asdict(kernels)}
 
 
 def preflight(args, run) -> dict:
@@ -307,8 +268,7 @@ def preflight(args, run) -> dict:
 
 
 def main(argv=None) -> int:
-    return training.main("v3", build_model, argv=argv, add_arguments=add_arguments,
-                         model_options=model_options, preflight=preflight,
+    return training.main(SPEC, build_model, argv=argv, preflight=preflight,
                          interpreted=tk is not None and tk.INTERPRET,
                          description="Version 3: V2 with Triton RMSNorm and flash-attention "
                                     "kernels (forward and backward).")

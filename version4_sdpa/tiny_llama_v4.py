@@ -40,14 +40,12 @@ from torch.nn.attention import sdpa_kernel as restrict_sdpa_to
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
-import harness  # noqa: E402
 import training  # noqa: E402
 from harness import ModelConfig, UsageError  # noqa: E402
 from harness.device import device_name  # noqa: E402
 from version2_fused import tiny_llama_v2 as v2  # noqa: E402
+from version4_sdpa.spec import BACKENDS, SPEC  # noqa: E402
 
-BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-            "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
 # enable_gqa arrived in torch 2.5; before that we repeat k/v like V2 does.
 NATIVE_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
 
@@ -180,19 +178,7 @@ def _why_not(caught_warnings, error) -> str:
     return "; ".join(lines[:2])[:240] or str(error).splitlines()[0][:240]
 
 
-# ---- command line --------------------------------------------------------------
-def add_arguments(group) -> None:
-    v2.add_fusion_arguments(group)
-    group.add_argument("--sdpa-backend", choices=("auto", *BACKENDS), default="auto",
-                       help="attention kernel: auto lets PyTorch choose; the others force one "
-                            "(an unavailable one is an error)")
-
-
-def model_options(args) -> dict:
-    """V2's fusion switches plus the SDPA backend asked for."""
-    return {**v2.fusion_options(args), "sdpa_backend": args.sdpa_backend}
-
-
+# ---- command line (the switches' flags come from SPEC) ----------------------------
 def preflight(args, run) -> dict:
     """Once, before training: the SDPA kernel that runs this very run, and the GQA mode."""
     s = run.settings
@@ -202,8 +188,7 @@ def preflight(args, run) -> dict:
 
 
 def main(argv=None) -> int:
-    return training.main("v4", build_model, argv=argv, add_arguments=add_arguments,
-                         model_options=model_options, preflight=preflight,
+    return training.main(SPEC, build_model, argv=argv, preflight=preflight,
                          description="Version 4: V2's fusions with PyTorch SDPA (flash) attention.")
 
 

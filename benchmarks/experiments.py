@@ -1,0 +1,142 @@
+"""Every published row that is one training run, named once.
+
+benchmarks/reproduce.sh runs these rows (`python -m benchmarks.experiments rows STEP` lists a
+step's rows for it), and tools/published_blocks.py fills the docs' tables from them (the
+block, the label and the JSON a row writes). A new row is one line here; a block of the docs
+shows it. Every row runs at its step's preset (medium; tiny under reproduce --quick) with the
+timed-run flags reproduce gives every row, plus its own flags.
+
+    python -m benchmarks.experiments list          # every row: step/name, block, command
+    python -m benchmarks.experiments rows fusion   # one step's rows, tab-separated, for reproduce.sh
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.config import VERSIONS  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    step: str             # the reproduce step that runs it; its JSON is <step>/<name>.json
+    name: str
+    block: str            # the docs block that shows it (tools/published_blocks.py)
+    label: str            # its label there
+    version: str
+    flags: tuple = ()
+    same_as: str = ""     # the mode of the medium comparison this row repeats: copied from it
+    env: tuple = ()       # VAR=value settings of the run
+    answers: tuple = ()   # exit codes that are an answer, not a failure (2: no such kernel here)
+    quick: bool = False   # reproduce --quick runs a step's quick rows (all, where none is)
+
+    @property
+    def key(self) -> str:
+        return f"{self.step}/{self.name}"
+
+
+BF16 = ("--precision", "bf16")
+GRAPHS = ("--compile", "--compile-mode", "reduce-overhead", "--optimizer", "master")
+BLOCK_CONFIGS = ((32, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3))  # BLOCK_M, BLOCK_N, warps, stages
+V3_FUSIONS_OFF = ("fused_residual_norm", "fused_qkv_grad", "triton_swiglu")
+V2_FUSIONS = {"fused_qkv": "fused QKV", "fused_gate_up": "fused gate/up",
+              "fused_rmsnorm": "fused RMSNorm", "fused_swiglu": "fused SiLU*mul"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _memory() -> list[Row]:
+    rows = [Row("memory", f"v1_b{b}_s512", "memory-vs-shape", f"V1 batch {b} x seq 512", "v1",
+                (*BF16, "--batch-size", str(b)) if b != 16 else BF16, same_as="eager" if b == 16 else "")
+            for b in (4, 8, 16, 32)]
+    rows += [Row("memory", f"v1_b16_s{t}", "memory-vs-shape", f"V1 batch 16 x seq {t}", "v1",
+                 (*BF16, "--seq-len", str(t))) for t in (128, 256)]
+    # the T x T scores: V1 against V4 as the sequence grows
+    rows += [Row("memory", f"attn_{v}_s{t}", "attention-memory", f"{v.upper()} batch 8 x seq {t}", v,
+                 (*BF16, "--batch-size", "8", "--seq-len", str(t), "--max-seq-len", "1024"))
+             for t in (256, 512, 1024) for v in ("v1", "v4")]
+    return rows
+
+
+def _levers() -> list[Row]:
+    lever = [("prec_fp32", "fp32", ("--precision", "fp32")), ("prec_tf32", "tf32", ("--precision", "tf32")),
+             ("prec_bf16", "bf16", BF16),
+             ("batch8_accum2", "bf16, batch 8 x 2 accumulated", (*BF16, "--batch-size", "8", "--grad-accum", "2")),
+             ("ckpt_on", "bf16, checkpointing", (*BF16, "--grad-checkpoint")),
+             ("ckpt_on_b32", "bf16, checkpointing, batch 32", (*BF16, "--grad-checkpoint", "--batch-size", "32")),
+             ("data_text", "bf16, text data (vocab 1000)", (*BF16, "--data", "text", "--vocab-size", "1000")),
+             ("opt_fused", "bf16, fused AdamW", (*BF16, "--optimizer", "fused"))]
+    return [Row("levers", name, "levers", label, "v1", flags, same_as="eager" if name == "prec_bf16" else "",
+                quick=name == "prec_fp32") for name, label, flags in lever]
+
+
+def _fusion() -> list[Row]:
+    rows = [Row("fusion", "v3_graphs_master", "v3-fusions", "V3 graphs + master weights", "v3", (*BF16, *GRAPHS),
+                same_as="reduce-overhead-master")]
+    rows += [Row("fusion", f"v3_graphs_master_no_{s}", "v3-fusions", f"the same, `--no-{_flag(s)[2:]}`", "v3",
+                 (*BF16, *GRAPHS, f"--no-{_flag(s)[2:]}")) for s in V3_FUSIONS_OFF]
+    rows += [Row("fusion", "v3_eager", "v3-fusions", "V3 eager", "v3", BF16, same_as="eager"),
+             Row("fusion", "v3_eager_rope_in_attention", "v3-fusions", "the same, `--rope-in-attention`", "v3",
+                 (*BF16, "--rope-in-attention")),
+             Row("fusion", "v2_all_on", "fusion-ablations", "V2, every fusion on", "v2", BF16, same_as="eager")]
+    rows += [Row("fusion", f"v2_no_{s}", "fusion-ablations", f"V2 without {what}", "v2",
+                 (*BF16, f"--no-{_flag(s)[2:]}")) for s, what in V2_FUSIONS.items()]
+    rows += [Row("fusion", "v4_graphs_master", "gate-up", "V4 graphs + master weights", "v4", (*BF16, *GRAPHS),
+                 same_as="reduce-overhead-master"),
+             Row("fusion", "v4_graphs_master_no_fused_gate_up", "gate-up", "the same, `--no-fused-gate-up`", "v4",
+                 (*BF16, *GRAPHS, "--no-fused-gate-up"))]
+    return rows
+
+
+def _blocks() -> list[Row]:
+    rows = [Row("blocks", "autotuned", "block-sizes", "autotuned", "v3", BF16, same_as="eager")]
+    for m, n, warps, stages in BLOCK_CONFIGS:
+        rows.append(Row("blocks", f"fwd_M_{m}_N_{n}_warps_{warps}_stages_{stages}", "block-sizes",
+                        f"BLOCK_M={m}, BLOCK_N={n}, {warps} warps, {stages} stages", "v3", BF16,
+                        env=(f"V3_ATTN_FWD_CONFIG=BLOCK_M={m},BLOCK_N={n},num_warps={warps},num_stages={stages}",)))
+    return rows
+
+
+def _sdpa() -> list[Row]:
+    return [Row("sdpa", f"backend_{b}", "sdpa-backends", f"`--sdpa-backend {b}`", "v4", (*BF16, "--sdpa-backend", b),
+                same_as="eager" if b == "auto" else "", answers=() if b == "auto" else (2,))
+            for b in ("auto", "flash", "efficient", "cudnn", "math")]
+
+
+ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa())
+assert len({r.key for r in ROWS}) == len(ROWS), "two rows write one JSON"
+
+
+def block_rows(block: str) -> list[tuple[str, str]]:
+    """(label, 'step/name') of the rows a docs block shows, in order."""
+    return [(r.label, r.key) for r in ROWS if r.block == block]
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["list"]:
+        for r in ROWS:
+            env = " ".join(r.env) + " " if r.env else ""
+            print(f"{r.key:45s} {r.block:17s} {env}python {VERSIONS[r.version].script} "
+                  f"--preset medium {' '.join(r.flags)}")
+        return 0
+    if argv[:1] == ["rows"] and len(argv) in (2, 3) and argv[2:] in ([], ["--quick"]):
+        rows = [r for r in ROWS if r.step == argv[1]]
+        if argv[2:] and any(r.quick for r in rows):
+            rows = [r for r in rows if r.quick]
+        if not rows:
+            print(f"error: no rows for step {argv[1]!r}", file=sys.stderr)
+            return 2
+        for r in rows:  # name, version, script, same_as, answers, env, then each flag
+            print("\t".join([r.name, r.version, VERSIONS[r.version].script, r.same_as or "-",
+                             " ".join(map(str, r.answers)) or "-", " ".join(r.env) or "-", *r.flags]))
+        return 0
+    print("usage: python -m benchmarks.experiments list | rows STEP [--quick]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

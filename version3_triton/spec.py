@@ -1,0 +1,37 @@
+"""Version 3 declared once: V2's fusions and V3's Triton kernels, each a switch, with the
+rules between them (`needs`; harness/spec.py says who reads this)."""
+from harness.spec import Switch, VersionSpec
+from version2_fused.spec import FUSIONS
+
+FALLS_BACK = "falls back to V2's version"
+KERNELS = (
+    # the Triton norm saves its input and 1/rms on every device (V2's F.rms_norm: GPUs only)
+    Switch("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels", off=FALLS_BACK,
+           memory={True: {"fused_norm": True}}),
+    # without its attention kernels V3 runs V2's: the T x T scores, k and v repeated per head
+    Switch("triton_attention", "flash attention forward/backward as Triton kernels", off=FALLS_BACK,
+           memory={False: {"attention": "explicit", "gqa_native": False}}),
+    # it rotates q and k in the output of the one QKV GEMM; q and k keep their size
+    Switch("triton_rope", "RoPE of q and k as one Triton kernel each way", off=FALLS_BACK,
+           needs=("fused_qkv",), memory={}),
+    Switch("rope_in_attention", "RoPE applied by the attention kernels as they load q and k, "
+           "instead of the RoPE kernel's own pass; eager only, see the README", default=False,
+           needs=("triton_attention", "triton_rope"), memory={}),
+    # h is stored either way; the add moves into the next norm's kernels
+    Switch("fused_residual_norm", "each residual add done by the next RMSNorm's kernels",
+           off=FALLS_BACK, needs=("triton_rmsnorm",), memory={}),
+    # the QKV gradient written in one piece is a transient of backward
+    Switch("fused_qkv_grad", "RoPE and attention as one step on the QKV GEMM's output, whose "
+           "gradient the kernels write whole", off=FALLS_BACK,
+           needs=("triton_attention", "triton_rope"), memory={}),
+    Switch("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
+           "output, its gradient written whole", off=FALLS_BACK, needs=("fused_gate_up",),
+           memory={True: {"fused_swiglu": True}}),
+    # launch configurations forced through the environment: recorded, they change nothing
+    Switch("kernel_configs", "forced launch configurations", default=None, flag=False, memory={}),
+)
+
+SPEC = VersionSpec(
+    name="v3", adds="Triton RMSNorm, RoPE and flash attention",
+    modes=("eager", "compile", "reduce-overhead", "reduce-overhead-master"),
+    memory={"attention": "flash", "gqa_native": True}, switches=FUSIONS + KERNELS)
