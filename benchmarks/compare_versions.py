@@ -305,14 +305,14 @@ def sdpa_sweep(config, batch: int, seq_len: int, device, dtype, calls: int = 20)
 
     `calls` forward+backward passes run back to back between two device events
     (replayed from one CUDA graph where capture works, so not even the host's
-    launches sit between them), and the time is the total divided by `calls`.
+    launches sit between them: harness.measure's graph_ms, else median_ms), and the
+    time is the median of 7 such totals divided by `calls`.
     Timing one call at a time, with a synchronise after each, would add the
     host's launch latency to every call: a 0.2 ms kernel would read 0.5 ms.
     """
     import torch
-    from harness.device import StepClock, synchronize
     from harness.flops import attention_kernel_flops
-    from harness.measure import summarize
+    from harness.measure import graph_ms, median_ms
     from version4_sdpa.tiny_llama_v4 import BACKENDS, causal_sdpa
 
     def tensor(heads):
@@ -331,45 +331,14 @@ def sdpa_sweep(config, batch: int, seq_len: int, device, dtype, calls: int = 20)
         try:
             for _ in range(3):  # warm-up: kernel selection, workspaces
                 fwd_bwd()
-            run, method = _back_to_back(fwd_bwd, calls), "back-to-back"
-            if device.type == "cuda":
-                replay = _graph_replay(fwd_bwd, calls)
-                if replay is not None:
-                    run, method = replay, "cuda graph"
-            samples = []
-            for _ in range(7):
-                clock = StepClock(device)
-                clock.mark("start")
-                run()
-                clock.mark("end")
-                synchronize(device)
-                samples.append(clock.elapsed_ms("start", "end") / calls)
-            ms = summarize(samples)["median"]
+            ms, method = graph_ms(fwd_bwd, calls, repeats=7)[0] if device.type == "cuda" else None, "cuda graph"
+            if ms is None:  # no GPU, or capture failed
+                ms, method = median_ms(device, fwd_bwd, warmup=0, repeats=7, calls_per_sample=calls), "back-to-back"
             rows.append({"backend": backend, "fwd_bwd_ms": ms, "timing": method, "calls": calls,
                          "tflops_causal": (flop["forward"] + flop["backward"]) / ms / 1e9})
         except RuntimeError as e:
             rows.append({"backend": backend, "error": str(e).splitlines()[0][:120]})
     return rows
-
-
-def _back_to_back(fn, calls: int):
-    def run():
-        for _ in range(calls):
-            fn()
-    return run
-
-
-def _graph_replay(fn, calls: int):
-    """`calls` calls of fn replayed from one CUDA graph, or None if capture fails."""
-    import torch
-
-    from harness.measure import capture_graph
-
-    try:
-        return capture_graph(fn, calls)
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return None
 
 
 # ---- main ----------------------------------------------------------------------

@@ -22,9 +22,7 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,21 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh clone
 from harness import results  # noqa: E402
 from harness import device as devices  # noqa: E402
-
-
-def host_us(fn, calls: int = 200, repeats: int = 5) -> float:
-    """Median over `repeats` of the host microseconds per call (no GPU sync inside)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) * 1e6 / calls)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+from harness.measure import host_ms  # noqa: E402
 
 
 def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
@@ -117,7 +101,8 @@ def main(argv=None) -> int:
     import triton
 
     calls = cases(tk)
-    rows = [{"call": name, "host_us": host_us(fn)} for name, fn in calls]
+    rows = [{"call": name, "host_us": 1000 * host_ms(fn, calls=200, repeats=5, warmup=5)}
+            for name, fn in calls]
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}: host microseconds per call (median of 5 x 200 calls)")
     print(f"  {'call':42s} {'us':>8s}")

@@ -1,5 +1,14 @@
-"""Statistics of step timings, the median time of a piece of device work, memory readings
-and the gradient-flow guard."""
+"""Statistics of step timings, the one timer of device work, memory readings and the
+gradient-flow guard.
+
+Every benchmark times work with the three functions here (the Timer below bundles them
+for the kernel benchmark):
+  median_ms  device time between two events, median of samples after warm-up
+             (a wall clock on the CPU, where work is synchronous)
+  graph_ms   the same for calls replayed from one CUDA/HIP graph: the GPU's time alone,
+             without Python or launch costs between the calls
+  host_ms    what a call costs the host (Python + launch), with the GPU running behind
+"""
 from __future__ import annotations
 
 import resource
@@ -66,6 +75,35 @@ def capture_graph(fn, calls: int, warmup_calls: int = 1):
         for _ in range(calls):
             fn()
     return graph.replay
+
+
+def graph_ms(fn, calls: int, repeats: int = 5, warmup_calls: int = 3) -> tuple[float | None, str | None]:
+    """(median ms per call of `calls` calls replayed from one graph, None), or
+    (None, why) where capture fails (a kernel that synchronizes, an old driver)."""
+    try:
+        replay = capture_graph(fn, calls, warmup_calls)
+    except Exception as e:  # capture raises many types: say which and why
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    ms = median_ms(torch.device("cuda"), replay, warmup=1, repeats=repeats)
+    return ms / calls, None
+
+
+def host_ms(fn, calls: int = 20, repeats: int = 1, warmup: int = 1) -> float:
+    """Wall-clock ms per call while the GPU runs behind, median of `repeats` samples of
+    `calls` calls with no synchronize among them (fewer launches than the driver's queue
+    holds, so the host never waits for the GPU); the GPU is drained between samples."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) * 1000 / calls)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -159,55 +197,20 @@ class Timer:
 
     def bench(self, fn) -> float:
         if not self.gpu:  # the interpreter: wall clock, after one warm-up call
-            fn()
-            samples = []
-            for _ in range(self.repeats):
-                start = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - start) * 1000)
-            return statistics.median(samples)
+            return median_ms(torch.device("cpu"), fn, warmup=1, repeats=self.repeats)
         from triton.testing import do_bench
         return do_bench(fn, warmup=10, rep=self.rep_ms, return_mode="median")
 
     def host(self, fn, calls: int = 20) -> float | None:
-        """Wall-clock ms per call while the GPU runs behind (20 calls queue fewer
-        launches than the driver's queue holds, so nothing waits for the GPU)."""
-        if not self.gpu:
-            return None
-        fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = (time.perf_counter() - start) * 1000 / calls
-        torch.cuda.synchronize()
-        return elapsed
+        """Host ms per call (host_ms); None on a CPU."""
+        return host_ms(fn, calls) if self.gpu else None
 
     def graph(self, fn, estimate_ms: float) -> tuple[float | None, str | None]:
-        """(median ms per call replayed from a graph, None) or (None, why not).
-
-        fn runs a few times on a side stream first (capture needs the caching
-        allocator and every kernel - and autotuning - warmed up), then ~20 ms
-        worth of calls are captured into one graph and replayed 5 times."""
+        """(median ms per call replayed from a graph, None) or (None, why not):
+        ~20 ms worth of calls captured into one graph, replayed 5 times (graph_ms)."""
         if not self.gpu:
             return None, "no GPU"
-        calls = max(1, min(200, int(20 / max(estimate_ms, 1e-3))))
-        try:
-            replay = capture_graph(fn, calls, warmup_calls=3)
-            replay()
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                replay()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / calls)
-            del replay
-            return statistics.median(samples), None
-        except Exception as e:  # capture can fail (a kernel that syncs, an old driver): say why
-            torch.cuda.synchronize()
-            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        ms, why = graph_ms(fn, calls=max(1, min(200, int(20 / max(estimate_ms, 1e-3)))))
+        if why:
             print(f"  (no graph timing: {why})")
-            return None, why
+        return ms, why

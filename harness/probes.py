@@ -18,7 +18,6 @@ the sizes shrink so each probe takes well under a second.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
@@ -124,8 +123,6 @@ def cpu_matmul_flops(n: int = 1024, repeats: int = 3) -> float:
     a probe of a few tenths of a second, about the rate a GPU-sized model's matrix
     products reach here."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # the first product pays for thread start-up and the BLAS's set-up
-    started = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n ** 3 * repeats / max(time.perf_counter() - started, 1e-9)
+    # the warm-up product pays for thread start-up and the BLAS's set-up
+    ms = median_ms(torch.device("cpu"), lambda: a @ b, warmup=1, repeats=repeats)
+    return 2 * n ** 3 / max(ms / 1000, 1e-12)

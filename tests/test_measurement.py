@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from benchmarks import ceilings
 from conftest import REPO, load_version, run_cli
 from harness import ModelConfig, probes
 
@@ -34,6 +33,24 @@ def test_compare_versions_peak_memory_is_each_runs_own(tmp_path, capsys):
         assert len(peaks) == 2 and max(peaks) <= 1.02 * min(peaks), (version, peaks)
         assert max(peaks) < leftover.numel() * 4 / 2**20, (version, peaks)
     del leftover
+
+
+# ---- one timer ---------------------------------------------------------------------------
+def test_every_benchmark_times_with_the_one_timer():
+    """Device events, graph replays and host clocks are read in harness/measure.py (and the
+    step clock of harness/device.py) only: every benchmark times the same way."""
+    import re
+    from conftest import REPO
+    timing = re.compile(r"cuda\.Event\(|do_bench\(|capture_graph\(|elapsed_time\(|perf_counter\(\)")
+    allowed = {"harness/measure.py", "harness/device.py",
+               "benchmarks/compare_versions.py"}  # its perf_counter: a run's wall time, not a benchmark
+    offenders = []
+    for folder in ("benchmarks", "training", "analysis_tools", "harness", "version3_triton", "profiling"):
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO).as_posix()
+            if rel not in allowed and timing.search(path.read_text()):
+                offenders.append(rel)
+    assert not offenders
 
 
 # ---- the SDPA sweep times the device, not the host ---------------------------------------

@@ -39,7 +39,6 @@ import inspect
 import math
 import os
 import sys
-import time
 from types import SimpleNamespace
 
 import torch
@@ -407,14 +406,14 @@ def measure_communication(group, reps: int = 10) -> dict:
 
 
 def _time(group, collective, reps: int) -> float:
-    for _ in range(2):  # the first calls set up connections and buffers
+    """ms per call of `collective` on the slowest rank: `reps` calls back to back, timed
+    by harness.measure.median_ms after two warm-up calls (they set up connections and
+    buffers) and a barrier (every rank starts together)."""
+    for _ in range(2):
         collective()
     dev.synchronize(group.device)
     group.dist.barrier()
-    start = time.perf_counter()
-    for _ in range(reps):
-        collective()
-    dev.synchronize(group.device)
-    ms = torch.tensor([(time.perf_counter() - start) * 1000 / reps], device=group.device)
-    group.dist.all_reduce(ms, op=group.dist.ReduceOp.MAX)
-    return ms.item()
+    ms = measure.median_ms(group.device, collective, warmup=0, repeats=1, calls_per_sample=reps)
+    slowest = torch.tensor([ms], device=group.device)
+    group.dist.all_reduce(slowest, op=group.dist.ReduceOp.MAX)
+    return slowest.item()
