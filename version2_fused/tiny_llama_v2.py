@@ -51,12 +51,15 @@ from version2_fused.spec import SPEC  # noqa: E402
 
 @dataclass(frozen=True)
 class Fusions:
-    """Which fusions are on (their switches: spec.py). All on is V2; switch one off
-    to measure what it buys."""
-    fused_qkv: bool = True
-    fused_gate_up: bool = True
-    fused_rmsnorm: bool = True
-    fused_swiglu: bool = True
+    """Which fusions are on. spec.py declares their switches and defaults (all on is
+    V2); switch one off to measure what it buys."""
+    fused_qkv: bool
+    fused_gate_up: bool
+    fused_rmsnorm: bool
+    fused_swiglu: bool
+
+
+ALL_FUSIONS = Fusions(**SPEC.settle({}))
 
 
 class FusedLinear(nn.Linear):
@@ -124,7 +127,7 @@ def can_generate_kernels() -> bool:
 class Attention(nn.Module):
     """Causal self-attention. V2: one QKV GEMM; the scores are still explicit."""
 
-    def __init__(self, cfg: ModelConfig, fusions: Fusions = Fusions()):
+    def __init__(self, cfg: ModelConfig, fusions: Fusions = ALL_FUSIONS):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         sizes = {"q_proj": cfg.num_heads * cfg.head_dim, "k_proj": cfg.num_kv_heads * cfg.head_dim,
@@ -164,7 +167,7 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     """down( silu(gate(x)) * up(x) ), with gate and up as one GEMM."""
 
-    def __init__(self, cfg: ModelConfig, fusions: Fusions = Fusions()):
+    def __init__(self, cfg: ModelConfig, fusions: Fusions = ALL_FUSIONS):
         super().__init__()
         self.fused_gate_up = fusions.fused_gate_up
         if self.fused_gate_up:
@@ -208,7 +211,7 @@ class TinyLlama(nn.Module):
     `attention(cfg, fusions)`, `norm(dim, eps, fused)`, `mlp(cfg, fusions)` and the
     `block` class; the parameters (and their names) stay V1's."""
 
-    def __init__(self, cfg: ModelConfig, fusions: Fusions = Fusions(), attention=Attention,
+    def __init__(self, cfg: ModelConfig, fusions: Fusions = ALL_FUSIONS, attention=Attention,
                  norm=None, mlp=None, block=None):
         super().__init__()
         norm, block = norm or RMSNorm, block or Block
@@ -266,7 +269,7 @@ class TinyLlama(nn.Module):
 
 
 def build_model(config: ModelConfig, **fusion_flags) -> nn.Module:
-    return TinyLlama(config, Fusions(**fusion_flags))
+    return TinyLlama(config, Fusions(**SPEC.settle(fusion_flags)))
 
 
 def main(argv=None) -> int:

@@ -86,14 +86,14 @@ def require_triton() -> None:
 @dataclass(frozen=True)
 class Kernels:
     """V3's kernel switches as the model runs them (settled by SPEC.settle: spec.py
-    declares which switch needs which)."""
-    triton_rmsnorm: bool = True
-    triton_attention: bool = True
-    triton_rope: bool = True
-    rope_in_attention: bool = False
-    fused_residual_norm: bool = True
-    fused_qkv_grad: bool = True
-    triton_swiglu: bool = True
+    declares their defaults and which switch needs which)."""
+    triton_rmsnorm: bool
+    triton_attention: bool
+    triton_rope: bool
+    rope_in_attention: bool
+    fused_residual_norm: bool
+    fused_qkv_grad: bool
+    triton_swiglu: bool
 
     @property
     def any_kernel(self) -> bool:

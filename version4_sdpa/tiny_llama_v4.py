@@ -76,7 +76,7 @@ def causal_sdpa(q, k, v, backend: str = "auto", gqa: str = "native"):
 class SDPAAttention(v2.Attention):
     """V2's attention (one QKV GEMM, RoPE) with SDPA as its core."""
 
-    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions = v2.Fusions(),
+    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions = v2.ALL_FUSIONS,
                  backend: str = "auto", gqa: str = "native"):
         super().__init__(cfg, fusions)
         self.backend, self.gqa = backend, gqa
@@ -85,15 +85,18 @@ class SDPAAttention(v2.Attention):
         return causal_sdpa(q, k, v, self.backend, self.gqa)
 
 
-def build_model(config: ModelConfig, sdpa_backend: str = "auto", gqa: str | None = None,
-                sdpa_kernel: str | None = None, **fusion_flags) -> nn.Module:
-    """sdpa_kernel is only recorded (what the probe saw run); it changes nothing."""
+def build_model(config: ModelConfig, gqa: str | None = None, sdpa_kernel: str | None = None,
+                **switches) -> nn.Module:
+    """switches: V2's fusions and sdpa_backend by name (spec.py: their defaults).
+    sdpa_kernel is only recorded (what the probe saw run); it changes nothing."""
+    settled = SPEC.settle(switches)
+    backend = settled.pop("sdpa_backend")
     gqa = gqa or ("native" if NATIVE_GQA else "repeat")
 
     def attention(cfg, fusions):
-        return SDPAAttention(cfg, fusions, backend=sdpa_backend, gqa=gqa)
+        return SDPAAttention(cfg, fusions, backend=backend, gqa=gqa)
 
-    return v2.TinyLlama(config, v2.Fusions(**fusion_flags), attention=attention)
+    return v2.TinyLlama(config, v2.Fusions(**settled), attention=attention)
 
 
 # ---- which kernel runs? ------------------------------------------------------
