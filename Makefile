@@ -13,11 +13,12 @@ PY := .venv/bin/python
 workshop: .venv/.installed
 	$(PY) -m training.workshop $(ARGS)
 
+# -n auto: one test process per CPU core (pytest-xdist), each test on one thread
 test: .venv/.installed-test
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n auto $(PYTEST_ARGS)
 
 test-slow: .venv/.installed-test
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow -n auto $(PYTEST_ARGS)
 
 install: .venv/.installed
 

@@ -192,7 +192,7 @@ class Timer:
 
     def __init__(self, device: torch.device, quick: bool):
         self.gpu = device.type != "cpu"
-        self.repeats = 2 if quick else 5        # CPU samples
+        self.repeats = 1 if quick else 5        # CPU samples
         self.rep_ms = 20 if quick else 100      # do_bench budget per measurement
 
     def bench(self, fn) -> float:

@@ -23,6 +23,12 @@ if "PYTHONPYCACHEPREFIX" not in os.environ:
     os.environ["PYTHONPYCACHEPREFIX"] = str(REPO / "results" / ".pycache")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+# Under pytest-xdist (make test: one worker per core) each worker and the command lines it
+# starts compute on one thread: two workers on two cores, not four threads fighting for them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")

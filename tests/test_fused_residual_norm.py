@@ -148,24 +148,16 @@ def test_model_in_low_precision_autocast_matches_the_unfused_model(v3):
 
 
 def test_switch_is_accepted_and_recorded(tmp_path, v3):
-    """--no-fused-residual-norm (and the default, on) through the command line: the
-    results JSON records the switch, the gradient guard passes, the losses agree."""
-    runs = {}
-    for flag in ("--fused-residual-norm", "--no-fused-residual-norm"):
-        out = tmp_path / f"{flag}.json"
-        proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--device", DEVICE,
-                        "--precision", "fp32", "--data", "text", "--batch-size", "2",
-                        "--num-steps", "3", "--warmup-steps", "1", "--quiet", "--output", out,
-                        flag],
-                       env={"V3_AUTOTUNE": "0"})
-        assert proc.returncode == 0, proc.stderr
-        runs[flag] = json.loads(out.read_text())
-    on, off = runs["--fused-residual-norm"], runs["--no-fused-residual-norm"]
-    assert on["options"]["fused_residual_norm"] is True
-    assert off["options"]["fused_residual_norm"] is False
-    assert on["gradient_guard"]["passed"] and off["gradient_guard"]["passed"]
-    diff = (torch.tensor(on["losses"]) - torch.tensor(off["losses"])).abs().max().item()
-    assert diff < 1e-4, f"the switch changes the loss curve by {diff:.2e}"
+    """--no-fused-residual-norm through the command line: the results JSON records it and
+    the gradient guard passes (the default run: test_v3_model's loss curve; the same losses
+    either way: test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model)."""
+    out = tmp_path / "off.json"
+    proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--device", DEVICE, "--precision", "fp32",
+                    "--batch-size", "2", "--num-steps", "3", "--warmup-steps", "1", "--quiet",
+                    "--output", out, "--no-fused-residual-norm"], env={"V3_AUTOTUNE": "0"})
+    assert proc.returncode == 0, proc.stderr
+    off = json.loads(out.read_text())
+    assert off["options"]["fused_residual_norm"] is False and off["gradient_guard"]["passed"]
 
 
 def test_blocks_stay_modules_for_checkpointing_and_hooks(v3):

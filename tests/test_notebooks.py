@@ -25,6 +25,7 @@ def test_notebooks_match_their_generator():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow  # ~35 s each on a 2-core CPU; their generator's check runs in make test
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")

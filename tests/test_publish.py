@@ -54,6 +54,7 @@ def test_gpu_slug():
     assert publish.gpu_slug("AMD Instinct MI300X") == "mi300x"
 
 
+@pytest.mark.slow  # ~3 min on a 2-core CPU; its parts (the manifest, compare-row, collect) run in make test
 def test_reproduce_quick_makes_a_published_set(tmp_path):
     env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable}
     proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick"], cwd=REPO, env=env,

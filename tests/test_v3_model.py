@@ -189,7 +189,8 @@ def test_loss_curve_follows_v1_and_gradient_guard_passes(tmp_path):
     assert v1_losses[-1] < v1_losses[0] - 0.3  # it learns
     diff = (torch.tensor(v3["losses"]) - v1_losses).abs().max().item()
     assert diff < 2e-3, f"V3's loss curve differs from V1's by {diff:.2e}"
-    assert all(v3["options"][k] for k in ("triton_rmsnorm", "triton_attention", "triton_rope"))
+    assert all(v3["options"][k] for k in ("triton_rmsnorm", "triton_attention", "triton_rope",
+                                          "fused_residual_norm"))
     forced = v3["options"]["kernel_configs"]
     assert list(forced) == ["attn_fwd"] and forced["attn_fwd"]["BLOCK_M"] == 32
     assert forced["attn_fwd"]["BLOCK_N"] == 16 and "num_warps" in forced["attn_fwd"]
