@@ -21,7 +21,10 @@
 #             and results/published/<gpu>.tgz, the same files in one archive
 #   regress   python -m analysis_tools regress: the throughput of every published comparison row
 #             against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
-# Then `cp -r results/published/<gpu> docs/published/ && python tools/publish.py` publishes it.
+# Then `cp -r results/published/<gpu> docs/published/ && python tools/publish.py` publishes it;
+# after re-running only some steps (on a fresh machine), `python tools/publish.py update
+# results/reproduce/<gpu> docs/published/<gpu> && python tools/publish.py` republishes those
+# steps in the published set and keeps the rest (RESULTS.md lists what was re-measured when).
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),

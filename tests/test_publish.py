@@ -48,6 +48,33 @@ def test_every_row_is_named_once_in_the_manifest():
         cli.build_parser(r.version, "", spec.add_arguments).parse_args(["--preset", "medium", *r.flags])
 
 
+def test_update_republishes_the_steps_run_again_and_keeps_the_rest(tmp_path, monkeypatch):
+    """publish.py update: a re-run step replaces its part of a published set; every other
+    part stays, and the set says what was re-measured when."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)  # no matplotlib run needed here
+    pub, work = tmp_path / "h200", tmp_path / "work"
+    shutil.copytree(REPO / "docs/published/h200", pub)
+    before = json.loads((pub / "summary.json").read_text())
+    report = json.loads((pub / "compare_small.json").read_text())
+    report.update(created="2031-01-02T03:04:05+00:00", git_commit="abc1234")
+    (work / "levers").mkdir(parents=True)
+    (work / "compare_small.json").write_text(json.dumps(report))
+    (work / "levers" / "opt_fused.json").write_text(json.dumps({"exit_code": 3, "error": "out of memory"}))
+    publish.update(work, pub)
+    after = json.loads((pub / "summary.json").read_text())
+    earlier = [u for u in before.get("updated", []) if u["part"] not in ("compare_small", "levers/opt_fused")]
+    assert after["updated"][:len(earlier)] == earlier
+    assert [u["part"] for u in after["updated"][len(earlier):]] == ["compare_small", "levers/opt_fused"]
+    assert after["updated"][len(earlier)]["git_commit"] == "abc1234"
+    assert after["rows"]["levers/opt_fused"]["exit_code"] == 3
+    assert {k: v for k, v in after["rows"].items() if k != "levers/opt_fused"} == {
+        k: v for k, v in before["rows"].items() if k != "levers/opt_fused"}
+    assert after["compare"]["medium"] == before["compare"]["medium"] and after["kernels"] == before["kernels"]
+    assert "| re-measured | compare_small: 2031-01-02 03:04:05+00:00, commit `abc1234` |" in (pub / "RESULTS.md").read_text()
+    with pytest.raises(SystemExit, match="nothing re-measured"):
+        publish.update(tmp_path / "empty", pub)
+
+
 def test_gpu_slug():
     assert publish.gpu_slug("NVIDIA H200") == "h200"
     assert publish.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"

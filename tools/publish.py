@@ -4,6 +4,7 @@
     python tools/publish.py --check         # exit 1 if a block or a RESULTS.md is out of date
     python tools/publish.py collect WORK OUT   # (benchmarks/reproduce.sh's publish step)
     python tools/publish.py compare-row REPORT VERSION MODE OUT   # (reproduce: a comparison's run as a row)
+    python tools/publish.py update WORK SET    # republish only the steps re-run into WORK
 
 A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`, which
 `bash benchmarks/reproduce.sh` writes), holds:
@@ -223,6 +224,44 @@ def collect(work: Path, out: Path) -> dict:
     return summary
 
 
+def update(work: Path, out: Path) -> dict:
+    """Republish the steps reproduce re-ran into `work` (its comparisons, the kernel table,
+    training rows) inside the published set `out`, keeping everything else: one step
+    re-measured after a change to the code it depends on. summary.json's `updated` lists
+    each replaced part with when and at which commit it was measured."""
+    summary = json.loads((out / "summary.json").read_text())
+    parts = {}
+    for preset in ("medium", "small", "large"):
+        report = _load(work / f"compare_{preset}.json")
+        if report:
+            shutil.copy(work / f"compare_{preset}.json", out)
+            summary["compare"][preset] = compare_summary(report)
+            _plots(out / f"compare_{preset}.json", out)
+            parts[f"compare_{preset}"] = report
+    kernels = _load(work / "kernels.json")
+    if kernels is not None:
+        shutil.copy(work / "kernels.json", out)
+        summary["kernels"] = parts["kernels"] = kernels
+    rows = _load(out / "rows.json") or {}
+    for path in sorted(work.glob("*/*.json")):
+        data = _load(path)
+        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
+            key = f"{path.parent.name}/{path.stem}"
+            summary["rows"][key], rows[key] = compact(data), data
+            parts[key] = data
+    if not parts:
+        raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json or row)")
+    (out / "rows.json").write_text(json.dumps(rows) + "\n")
+    kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
+    summary["updated"] = kept + [{"part": part, "created": data.get("created"),
+                                  "git_commit": data.get("git_commit")} for part, data in parts.items()]
+    summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
+    print(f"updated in {out}/: {', '.join(parts)}")
+    return summary
+
+
 def _plots(compare_json: Path, out: Path) -> None:
     """Throughput and step-time plots of one comparison (the memory and loss plots are left out)."""
     try:
@@ -315,6 +354,9 @@ def main(argv=None) -> int:
         return 0
     if argv[:1] == ["debug-json"] and len(argv) == 3:
         return debug_json(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["update"] and len(argv) == 3:
+        update(Path(argv[1]), Path(argv[2]))
+        return 0
     p = argparse.ArgumentParser(prog="tools/publish.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if any generated text is out of date")
     p.add_argument("--gpu", default=PRIMARY_GPU, help=f"published set to quote (default {PRIMARY_GPU})")

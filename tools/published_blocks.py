@@ -13,10 +13,17 @@ from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best
                                     num, pct, ratio, speed, table)
 
 
-def provenance(s: dict) -> str:
+def measured(s: dict, part: str) -> str | None:
+    """When a part of the set (compare_medium, kernels, a row) was measured: re-measured
+    parts (publish.py update) carry their own date."""
+    again = [u for u in s.get("updated", []) if u["part"] == part]
+    return (again[-1] if again else s).get("created")
+
+
+def provenance(s: dict, part: str = "compare_medium") -> str:
     d = s.get("device") or {}
     return (f"Measured on {d.get('name', '?')} (torch {d.get('torch', '?')}), "
-            f"{(s.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh`; "
+            f"{(measured(s, part) or '?')[:10]}, by `bash benchmarks/reproduce.sh`; "
             "the full header is in [docs/RESULTS.md](docs/RESULTS.md).")
 
 

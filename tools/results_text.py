@@ -29,6 +29,8 @@ def page(s: dict | None, image_dir: str, render) -> str:
                 f"| software | torch {d.get('torch', '?')}, triton {d.get('triton') or '-'}, "
                 f"{'HIP ' + d['hip'] if d.get('hip') else 'CUDA ' + str(d.get('cuda'))}, Python {d.get('python', '?')} |",
                 f"| commit | `{s.get('git_commit') or 'unknown'}` |",
+                *[f"| re-measured | {u['part']}: {(u.get('created') or '?').replace('T', ' ')}, "
+                  f"commit `{u.get('git_commit') or 'unknown'}` |" for u in s.get("updated", [])],
                 f"| command | `{s.get('reproduce', 'bash benchmarks/reproduce.sh')}` |", ""]
     out += ["Every table on this page is one row set of `bash benchmarks/reproduce.sh`, which "
             "re-measures all of them on your GPU (see [Reproduce](#reproduce)). Numbers from "
