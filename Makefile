@@ -13,12 +13,14 @@ PY := .venv/bin/python
 workshop: .venv/.installed
 	$(PY) -m training.workshop $(ARGS)
 
-# -n auto: one test process per CPU core (pytest-xdist), each test on one thread
+# -n auto: one test process per CPU core (pytest-xdist), each test on one thread; an idle
+# process takes tests from a busy one's queue (worksteal), so a few long tests end together
+XDIST := -n auto --dist worksteal
 test: .venv/.installed-test
-	$(PY) -m pytest -q -m "not slow" -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 test-slow: .venv/.installed-test
-	$(PY) -m pytest -q -m slow -n auto $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow $(XDIST) $(PYTEST_ARGS)
 
 install: .venv/.installed
 
