@@ -222,6 +222,21 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     assert not tk.chosen_configs()["attn_fwd"].startswith("forced")
 
 
+def test_memory_bound_kernels_launch_by_their_rule_without_an_autotuner():
+    """RMSNorm, RoPE and SwiGLU have nothing to time: each launches with its rule's
+    configuration, worked out once per shape, and never goes through Triton's autotuner."""
+    from version3_triton.kernels import common
+    x, w = torch.randn(9, 40, device=DEVICE), torch.randn(40, device=DEVICE)
+    forward_backward(tk.rms_norm, [x, w], torch.ones_like(x))
+    gate_up = torch.randn(3, 2 * 40, device=DEVICE)
+    forward_backward(tk.swiglu, [gate_up], torch.ones(3, 40, device=DEVICE))
+    ruled = ("rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd")
+    chosen = tk.chosen_configs()
+    assert all(chosen[k].startswith("rule: ") for k in ruled), chosen
+    assert not set(ruled) & set(common._TUNERS)
+    assert all(configs.SPECS[k].configs is None for k in (*ruled, "rope"))
+
+
 @pytest.mark.parametrize("kernel, config, message", [
     ("attn_fwd", dict(BLOCK_M=16, BLOCK_N=32), "must be a multiple of BLOCK_N"),
     ("attn_bwd_dkdv", dict(BLOCK_M=32, BLOCK_N=16), "must be a multiple of BLOCK_M"),

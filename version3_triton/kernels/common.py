@@ -2,8 +2,10 @@
 GPU is target.py, re-exported here). Which launch configuration a kernel may run with on which
 target - the candidate lists, the prune, the forced-config hook - is configs.py.
 
-`launch` hands a kernel to Triton's autotuner with the candidates and the prune of
-configs.py; `chosen_configs()` tells which configuration each kernel ran with last.
+`launch` runs a memory-bound kernel with the one configuration its rule gives (computed
+once per shape), and hands the others (attention) to Triton's autotuner with the
+candidates and the prune of configs.py; `chosen_configs()` tells which configuration each
+kernel ran with last.
 """
 from __future__ import annotations
 
@@ -30,11 +32,16 @@ _TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices w
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 
 
-def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
-    """Launch `fn` over grid(config) with the configuration its autotuner picks.
+_RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
 
-    The autotuner remembers its choice per key; changing a forced config or the
-    AUTOTUNE switch in a running Python session empties that memory."""
+
+def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
+    """Launch `fn` over grid(config): by its rule (memory-bound kernels) or with the
+    configuration its autotuner picks. Inside a torch.library.triton_op, wrap_triton
+    lets torch.compile see the launch (Inductor then launches the kernel itself)."""
+    if spec.rule is not None:
+        _launch_by_rule(spec, fn, grid, args, constexprs)
+        return
     tuner = _TUNERS.get(spec.name)
     if tuner is None:
         target = current_target()
@@ -44,18 +51,38 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         tuner = _TUNERS[spec.name] = triton.autotune(
             listed, key=key,
             prune_configs_by={"early_config_prune": configs.early_prune(spec, target)})(fn)
+    # The autotuner remembers its choice per key; changing a forced config or the
+    # AUTOTUNE switch in a running Python session empties that memory.
     forced = configs.forced_setting(spec.name)
     knobs = (configs.AUTOTUNE, repr(forced))
     if _TUNED_UNDER.get(spec.name) != knobs:
         tuner.cache.clear()
         _TUNED_UNDER[spec.name] = knobs
-    # Inside a torch.library.triton_op, wrap_triton lets torch.compile see the
-    # launch (Inductor then launches the kernel from its generated code).
     run = torch.library.wrap_triton(tuner) if _IN_OPERATOR and USE_TRITON_OP else tuner
     run[grid](*args, **constexprs)
-    how = ("forced" if forced else "rule" if spec.rule else "autotuned"
-           if configs.AUTOTUNE and not INTERPRET else "first candidate")
+    how = ("forced" if forced else "autotuned" if configs.AUTOTUNE and not INTERPRET
+           else "first candidate")
     _LAST[spec.name] = (how, getattr(tuner, "best_config", None))
+
+
+def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs) -> None:
+    """A memory-bound kernel has nothing to time: its rule (or a forced config) gives
+    the configuration, worked out once per row width and dtype. Each eager call is then
+    one dictionary lookup and the kernel's own launch, no autotuner in between; under
+    torch.compile a tuner holding just that configuration hands it to Inductor."""
+    forced = configs.forced_setting(spec.name)
+    size = spec.size(dict(zip(fn.arg_names, args)), constexprs)
+    ruled = _RULED.get((spec.name, size, repr(forced)))
+    if ruled is None:
+        config = configs.rule_config(spec, current_target(), *size)
+        tuner = triton.autotune([configs.triton_config(config)], key=[])(fn)
+        ruled = _RULED[(spec.name, size, repr(forced))] = (config, tuner)
+    config, tuner = ruled
+    if _IN_OPERATOR and USE_TRITON_OP:
+        torch.library.wrap_triton(tuner)[grid](*args, **constexprs)
+    else:
+        fn[grid(config)](*args, **constexprs, **config)
+    _LAST[spec.name] = ("forced" if forced else "rule", config)
 
 
 def describe(config) -> str:

@@ -1,20 +1,21 @@
 """Launch configurations: which one each kernel may run with on which GPU.
 
-How a launch configuration is chosen - one mechanism for every kernel:
-
-    triton.autotune(configs=<this target's list>, key=[...],
-                    prune_configs_by={"early_config_prune": <prune>})
-
-The prune runs once per key (sizes, dtypes) and keeps what may run here:
+How a launch configuration is chosen (common.launch runs what this file chooses):
   1. a forced configuration, if the user pinned one (the exercise knob, below);
-  2. for the memory-bound kernels (RMSNorm, RoPE), the one configuration their
-     rule gives (in rmsnorm.py and rope.py) - nothing to time, a whole row per
-     program is already close to the copy bandwidth;
-  3. otherwise the candidates of the target's GPU family for this head size
-     (ATTENTION_CONFIGS: none of them spills registers there) whose tiles fit in
-     the target's shared memory (LDS on AMD). More than one left: the autotuner times them on the first
-     call with a new key and keeps the fastest. AUTOTUNE off (V3_AUTOTUNE=0),
-     or in the CPU interpreter: the first that fits, no timing (quick start-up).
+  2. for the memory-bound kernels (RMSNorm, RoPE, SwiGLU), the one configuration their
+     rule gives (in rmsnorm.py, rope.py and swiglu.py), worked out once per shape - nothing
+     to time, a whole row per program is already close to the copy bandwidth - and
+     launched directly, with no autotuner in the call;
+  3. otherwise (attention) Triton's autotuner,
+
+         triton.autotune(configs=<this target's list>, key=[...],
+                         prune_configs_by={"early_config_prune": <prune>})
+
+     whose prune runs once per key (sizes, dtypes) and keeps the candidates of the target's
+     GPU family for this head size (ATTENTION_CONFIGS: none of them spills registers there)
+     whose tiles fit in the target's shared memory (LDS on AMD). More than one left: the
+     autotuner times them on the first call with a new key and keeps the fastest. AUTOTUNE
+     off (V3_AUTOTUNE=0), or in the CPU interpreter: the first that fits, no timing.
 
 Forcing a configuration (exercise V3-3), for one kernel of KERNEL_NAMES:
 
@@ -276,7 +277,8 @@ def usable_on(config: dict, target: Target) -> dict:
 class KernelSpec:
     """How to choose the launch configuration of one kernel."""
     name: str
-    configs: Callable[..., list]  # (target[, width[, variant]]) -> the candidates; no width: all
+    configs: Optional[Callable[..., list]]  # (target[, width[, variant]]) -> the candidates
+    #                                          (no width: all); None for a kernel with a rule
     shared_bytes: Callable[[dict, int, int], int]  # (config, width, elem bytes) -> estimate
     size: Callable[[dict, dict], tuple]  # (args, constexprs) -> (width, elem bytes[, variant])
     check: Callable[[dict], None] = lambda config: None  # ValueError for an impossible config
@@ -344,6 +346,14 @@ def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict
     config.setdefault("num_warps", 4)
     config.setdefault("num_stages", 1 if gpu.backend() == "hip" else 2)
     return usable_on(config, gpu.current_target())
+
+
+def rule_config(spec: KernelSpec, target: Target, width: int, elem_bytes: int) -> dict:
+    """A memory-bound kernel's configuration: the forced one (checked), else its rule's."""
+    forced = forced_config(spec.name)
+    if forced is not None:
+        return check_config(spec.name, forced, width, elem_bytes)
+    return candidates(spec, target, width, elem_bytes)[0]
 
 
 # ---- the autotuner's prune ----------------------------------------------------------

@@ -158,15 +158,11 @@ def _check(config: dict) -> None:
 
 
 def _spec(kernel: str) -> KernelSpec:
-    # The autotuner's list is what the rule gives for every row width; the prune
-    # keeps the one for this width, so nothing is ever timed. RMSNorm stages no
-    # tiles in shared memory: rows stay in registers and only the row/column sums
-    # swap partial results through a scratch area (<= 8 KiB for every config and
-    # hidden size up to 64k, both vendors), counted as 16 KiB.
-    def every_width(target):
-        return list({str(c): c for c in (rmsnorm_config(kernel, 1 << i, target)
-                                          for i in range(17))}.values())
-    return KernelSpec(kernel, every_width, lambda config, width, elem: NORM_SCRATCH_BYTES,
+    # Launched by the rule above: nothing is timed (common.launch). RMSNorm stages no tiles
+    # in shared memory: rows stay in registers and only the row/column sums swap partial
+    # results through a scratch area (<= 8 KiB for every config and hidden size up to
+    # 64k, both vendors), counted as 16 KiB.
+    return KernelSpec(kernel, None, lambda config, width, elem: NORM_SCRATCH_BYTES,
                       lambda args, constexprs: (constexprs["BLOCK_COLS"], 4), _check,
                       rule=lambda target, width: rmsnorm_config(kernel, width, target))
 

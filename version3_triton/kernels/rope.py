@@ -55,11 +55,10 @@ def _rope_kernel(X, COS, SIN, Y, seq_len, n_heads, stride_xb, stride_xt, stride_
 
 
 # Launch configuration: one position's heads per program is a few KiB - 4 warps,
-# by rule. The list holds the warp counts a forced config may sensibly take; the
-# prune keeps the rule's one, so nothing is timed.
+# by rule, so nothing is timed (common.launch).
 SPEC = configs.SPECS["rope"] = KernelSpec(
-    "rope", lambda target: [dict(num_warps=w, num_stages=1) for w in (4, 1, 2, 8)],
-    lambda config, width, elem_bytes: 0, lambda args, constexprs: (2 * constexprs["HALF"], 4),
+    "rope", None, lambda config, width, elem_bytes: 0,
+    lambda args, constexprs: (2 * constexprs["HALF"], 4),
     rule=lambda target, width: dict(num_warps=4, num_stages=1))
 
 

@@ -60,17 +60,14 @@ def _swiglu_bwd_kernel(GU, DY, DGU, n_cols, stride_gu, stride_dy, stride_dgu,
 
 
 # Launch configuration: an elementwise kernel, one block of BLOCK columns of one row per
-# program (1024 bf16 values: 16-byte loads for every thread of 4 warps). The list holds
-# the warp counts a forced config may sensibly take; the prune keeps the rule's, so
-# nothing is timed.
+# program (1024 bf16 values: 16-byte loads for every thread of 4 warps), by rule, so
+# nothing is timed (common.launch).
 def _rule(target, width=None):
     return dict(num_warps=4, num_stages=1)
 
 
 def _spec(kernel: str) -> KernelSpec:
-    return KernelSpec(kernel, lambda target, width=None: [dict(num_warps=w, num_stages=1)
-                                                          for w in (4, 1, 2, 8)],
-                      lambda config, width, elem_bytes: 0,
+    return KernelSpec(kernel, None, lambda config, width, elem_bytes: 0,
                       lambda args, constexprs: (constexprs["BLOCK"], args["GU"].element_size()),
                       rule=_rule)
 
