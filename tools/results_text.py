@@ -6,6 +6,19 @@ here explains, and never quotes a measurement itself.
 from __future__ import annotations
 
 
+def _updated(s: dict) -> dict:
+    """The parts re-measured after the set (publish.py update), by (day, commit):
+    'compare_medium, kernels, fusion (13 rows)'."""
+    groups: dict = {}
+    for u in s.get("updated", []):
+        key = ((u.get("created") or "?")[:10], u.get("git_commit") or "unknown")
+        section, _, row = u["part"].partition("/")
+        groups.setdefault(key, {}).setdefault(section, []).append(row)
+    return {key: ", ".join(f"{section} ({len(rows)} row{'s' * (len(rows) > 1)})" if rows[0] else section
+                           for section, rows in sections.items())
+            for key, sections in groups.items()}
+
+
 def page(s: dict | None, image_dir: str, render) -> str:
     from tools.published_format import MODE_NAMES, PLACEHOLDER, best, num, pct, ratio, speed
 
@@ -29,8 +42,8 @@ def page(s: dict | None, image_dir: str, render) -> str:
                 f"| software | torch {d.get('torch', '?')}, triton {d.get('triton') or '-'}, "
                 f"{'HIP ' + d['hip'] if d.get('hip') else 'CUDA ' + str(d.get('cuda'))}, Python {d.get('python', '?')} |",
                 f"| commit | `{s.get('git_commit') or 'unknown'}` |",
-                *[f"| re-measured | {u['part']}: {(u.get('created') or '?').replace('T', ' ')}, "
-                  f"commit `{u.get('git_commit') or 'unknown'}` |" for u in s.get("updated", [])],
+                *[f"| re-measured | {parts}: {day}, commit `{commit}` |"
+                  for (day, commit), parts in _updated(s).items()],
                 f"| command | `{s.get('reproduce', 'bash benchmarks/reproduce.sh')}` |", ""]
     out += ["Every table on this page is one row set of `bash benchmarks/reproduce.sh`, which "
             "re-measures all of them on your GPU (see [Reproduce](#reproduce)). Numbers from "
