@@ -5,8 +5,9 @@
     rope.py             rotary embedding of q and k, one kernel each way
     flash_attention.py  causal flash attention: online softmax; its backward kernels
                         (recomputing, no T x T matrix) are flash_attention_backward.py,
-                        the tiles, RoPE on load and launch configs both share
-                        attention_tiles.py
+                        the q/k tiles and launch configs both share attention_tiles.py,
+                        RoPE on load (--rope-in-attention) attention_rope.py, the masked
+                        row tiles every attention kernel loads and stores tiles.py
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
                         kernels write in one piece (no new kernel)
     swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient

@@ -1,7 +1,7 @@
 """Causal flash attention: the PyTorch reference, the forward kernel and its launcher,
 the autograd.Function, the operator binding and the public function. The two backward
-kernels are flash_attention_backward.py; the tile loads, RoPE on load and the launch
-configurations both share are attention_tiles.py.
+kernels are flash_attention_backward.py; the q/k tile loads and launch configurations both
+share are attention_tiles.py, RoPE on load attention_rope.py.
 
 softmax(Q K^T / sqrt(D) + causal mask) V, grouped-query heads, without ever writing
 the T x T scores to memory: attention traffic and memory go from O(T^2) to O(T).
@@ -10,7 +10,7 @@ every sum, max and exp is fp32 (bf16's 8-bit mantissa would lose the small terms
 of a softmax over 2048 keys); only the tiles that feed the matrix units are cast back.
 
 Given RoPE's tables, the kernels also rotate q and k as they load them (RoPE on
-load, attention_tiles.py): the model then needs no RoPE pass of its own, forward or backward.
+load, attention_rope.py): the model then needs no RoPE pass of its own, forward or backward.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attention_tiles import (_LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _load_qk,
-                              _load_rows, _store_rows, _strides, _tables)
+from .attention_rope import tables
+from .attention_tiles import _LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _load_qk, _strides
 from .flash_attention_backward import _grads, attention_backward
+from .tiles import load_rows, store_rows
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        v = load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
         # P goes back to the input precision for the tensor cores; acc stays fp32.
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
@@ -129,7 +130,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, COS, SIN,
                                     qk_scale, N_CTX, COS, SIN, stride_table, HEAD_DIM, BLOCK_D,
                                     BLOCK_N, True, DOT_PRECISION, ROTATE, BLOCK_HALF)
     o = acc / l_i[:, None]
-    _store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
+    store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
                 N_CTX, offs_d, HEAD_DIM, BLOCK_D)
     tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
 
@@ -153,7 +154,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     B, H, T, D = q.shape
     o, lse = _outputs(q)
     if o.numel():
-        cos_, sin_, stride_table = _tables(q, cos, sin)
+        cos_, sin_, stride_table = tables(q, cos, sin)
         common.launch(FWD, _attn_fwd_kernel, TUNING_KEY,
                       lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
                       q, k, v, o, lse, cos_, sin_, *_strides(q), *_strides(k), *_strides(v),

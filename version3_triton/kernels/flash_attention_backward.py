@@ -10,8 +10,10 @@ import triton
 import triton.language as tl
 
 from . import common
-from .attention_tiles import (_LOG2_E, DKDV, DQ, TUNING_KEY, _head_meta, _load_qk,  # noqa: F401
-                              _load_rows, _store_qk_grad, _store_rows, _strides, _tables)
+from .attention_rope import tables
+from .attention_tiles import (_LOG2_E, DKDV, DQ, TUNING_KEY, _head_meta, _load_qk, _store_qk_grad,
+                              _strides)
+from .tiles import load_rows, store_rows
 
 
 # Backward. With S = scale * Q K^T, P = softmax(S), O = P V and dO given:
@@ -48,7 +50,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_qk(q_base, stride_qt, offs_m, N_CTX, offs_d, COS, SIN, stride_table, BLOCK_M,
                      HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
-        do = _load_rows(do_base, stride_dot, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = load_rows(do_base, stride_dot, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX, other=0.0)
         # Recompute P^T for this tile from the saved log-sum-exp.
@@ -83,7 +85,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
     # This key/value block stays in registers while every query block streams past.
     k = _load_qk(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d, COS, SIN,
                  stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
-    v = _load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
+    v = load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
                    HEAD_DIM, BLOCK_D, True)
     if ROTATE:  # dK as wide as the rotated K: [dy1 | dy2]
         dk = tl.zeros([BLOCK_N, 2 * BLOCK_HALF], dtype=tl.float32)
@@ -114,7 +116,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
     _store_qk_grad(DK + b * stride_dkb + (dk_head0 + kv_h) * stride_dkh, stride_dkt, dk, offs_n,
                    N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF,
                    ROTATE)
-    _store_rows(DV + b * stride_dvb + (dv_head0 + kv_h) * stride_dvh, stride_dvt,
+    store_rows(DV + b * stride_dvb + (dv_head0 + kv_h) * stride_dvh, stride_dvt,
                 dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
@@ -129,7 +131,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _load_qk(k_base, stride_kt, cols, N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N,
                      HEAD_DIM, BLOCK_D, BLOCK_HALF, ON_DIAGONAL, ROTATE)
-        v = _load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
+        v = load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - lse[:, None])
         if ON_DIAGONAL:
@@ -159,10 +161,10 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_qk(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, COS, SIN,
                  stride_table, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
-    do = _load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
+    do = load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
                     HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
-    o = _load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
+    o = load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
                    HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # rows past the end: 0
     tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)  # for dK/dV
@@ -238,7 +240,7 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
     if q.numel() == 0:
         return
     meta = _head_meta(q, k, cos is not None)
-    cos, sin, stride_table = _tables(q, cos, sin)
+    cos, sin, stride_table = tables(q, cos, sin)
     delta = common.empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
     common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
                   lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
