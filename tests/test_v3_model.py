@@ -201,15 +201,17 @@ def test_loss_curve_follows_v1_and_gradient_guard_passes(tmp_path):
     ([], {"V3_ATTN_BWD_DQ_CONFIG": "BLOCK_M=huge"}, "V3_ATTN_BWD_DQ_CONFIG: bad item"),
     ([], {"V3_ATTN_FWD_CONFIG": "BLOCK_M=16,BLOCK_N=32"}, "must be a multiple of BLOCK_N"),
 ], ids=["bf16-on-cpu", "unparsable-config", "impossible-config"])
-def test_bad_input_is_one_line_exit_2(tmp_path, args, env, message):
-    load_version("v3")
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, env, message):
+    v3 = load_version("v3")
     if HAS_GPU and "cpu" in args:
         pytest.skip("on a GPU machine --device cpu has no interpreter: another message")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     out = tmp_path / "r.json"
-    proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--num-steps", "2", "--warmup-steps", "1",
-                    "--output", out, *args], env={"V3_AUTOTUNE": "0", **env})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    code = v3.main(["--preset", "tiny", "--num-steps", "2", "--warmup-steps", "1",
+                    "--output", str(out), *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
     assert not out.exists()
 
 
