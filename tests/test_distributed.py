@@ -7,6 +7,7 @@ same losses as one process holding the whole global batch.
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -227,6 +228,29 @@ def test_two_processes_match_one_process_with_the_global_batch(kind, single_run,
     assert dist_info["backend"] == "gloo" and dist_info["global_batch_size"] == 16
     assert len(dist_info["per_rank_median_ms"]["step"]) == 2
     assert dist_info["communication"]["per_step_ms"] > 0
+
+
+def test_two_nodes_meet_through_c10d_and_train_as_one_job(single_run, tmp_path):
+    """torchrun --nnodes 2: two agents - here on one host, as two machines would run them -
+    meet through the c10d rendezvous and train as one job of 2 ranks: one result (global
+    rank 0's), the global batch's losses, two nodes recorded (docs/MULTI_GPU.md)."""
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           "--rdzv-id", "tiny-llama-test", V1, *STEPS, "--batch-size", "4", "--output", str(out)]
+    agents = [subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        ends = [agent.communicate(timeout=180) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    assert all(agent.returncode == 0 for agent in agents), [err[-1500:] for _, err in ends]
+    assert sum(stdout.count("results:") for stdout, _ in ends) == 1
+    result = json.loads(out.read_text())
+    assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-5)
+    info = result["distributed"]
+    assert (info["world_size"], info["nodes"], info["processes_per_node"]) == (2, 2, 1)
 
 
 @pytest.mark.parametrize("version", ["v2", "v4"])  # v3 is left out: Triton's CPU interpreter is slow
