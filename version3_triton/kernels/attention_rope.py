@@ -55,9 +55,9 @@ def _rotate(base, stride, rows, n_rows, COS, SIN, stride_table, ROWS: tl.constex
     # The tables are full width, (cos, cos) as version 2 builds them: read the first
     # half. Every head and batch shares them, so they stay in cache.
     cos = load_rows(COS, stride_table, rows, n_rows, cols, HALF, BLOCK_HALF,
-                     CHECK_ROWS).to(tl.float32)
+                    CHECK_ROWS).to(tl.float32)
     sin = load_rows(SIN, stride_table, rows, n_rows, cols, HALF, BLOCK_HALF,
-                     CHECK_ROWS).to(tl.float32)
+                    CHECK_ROWS).to(tl.float32)
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
     y1 = (x1f * cos - x2f * sin).to(x1.dtype)
     y2 = (x2f * cos + x1f * sin).to(x1.dtype)

@@ -131,7 +131,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, COS, SIN,
                                     BLOCK_N, True, DOT_PRECISION, ROTATE, BLOCK_HALF)
     o = acc / l_i[:, None]
     store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
-                N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+               N_CTX, offs_d, HEAD_DIM, BLOCK_D)
     tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
 
 

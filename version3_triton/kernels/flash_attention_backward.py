@@ -86,7 +86,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
     k = _load_qk(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d, COS, SIN,
                  stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
     v = load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
-                   HEAD_DIM, BLOCK_D, True)
+                  HEAD_DIM, BLOCK_D, True)
     if ROTATE:  # dK as wide as the rotated K: [dy1 | dy2]
         dk = tl.zeros([BLOCK_N, 2 * BLOCK_HALF], dtype=tl.float32)
     else:
@@ -117,7 +117,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
                    N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF,
                    ROTATE)
     store_rows(DV + b * stride_dvb + (dv_head0 + kv_h) * stride_dvh, stride_dvt,
-                dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
+               dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -162,10 +162,10 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
     q = _load_qk(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, COS, SIN,
                  stride_table, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
     do = load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
-                    HEAD_DIM, BLOCK_D, True)
+                   HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
     o = load_rows(O + b * stride_ob + h * stride_oh, stride_ot, offs_m, N_CTX, offs_d,
-                   HEAD_DIM, BLOCK_D, True)
+                  HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # rows past the end: 0
     tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)  # for dK/dV
     k_base = K + b * stride_kb + kv_h * stride_kh
