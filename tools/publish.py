@@ -165,33 +165,44 @@ def debug_json(log: Path, out: Path) -> int:
     return 0
 
 
+def _comparisons(work: Path, out: Path):
+    """reproduce's comparisons in `work`, each copied into `out` with its plots: (preset, report)."""
+    for preset in ("medium", "small", "large"):
+        report = _load(work / f"compare_{preset}.json")
+        if report:
+            shutil.copy(work / f"compare_{preset}.json", out)
+            _plots(out / f"compare_{preset}.json", out)
+            yield preset, report
+
+
+def _rows(work: Path):
+    """reproduce's training rows in `work` (a results JSON, or an exit code that is an
+    answer): ('section/name', its JSON)."""
+    for path in sorted(work.glob("*/*.json")):
+        if path.stem in ("memory_check", "outcomes", "ceilings") or path.name.startswith("."):
+            continue
+        data = _load(path)
+        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
+            yield f"{path.parent.name}/{path.stem}", data
+
+
 def collect(work: Path, out: Path) -> dict:
     """Assemble reproduce's rows in `work` into the published set `out` (+ out.tgz)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     summary: dict = {"schema": SCHEMA, "gpu": work.name, "compare": {}, "rows": {}}
-    for preset in ("medium", "small", "large"):
-        report = _load(work / f"compare_{preset}.json")
-        if report:
-            shutil.copy(work / f"compare_{preset}.json", out)
-            summary["compare"][preset] = compare_summary(report)
-            summary.setdefault("device", report["device"])
-            summary.setdefault("git_commit", report.get("git_commit"))
-            summary.setdefault("created", report.get("created"))
-            _plots(out / f"compare_{preset}.json", out)
+    for preset, report in _comparisons(work, out):
+        summary["compare"][preset] = compare_summary(report)
+        summary.setdefault("device", report["device"])
+        summary.setdefault("git_commit", report.get("git_commit"))
+        summary.setdefault("created", report.get("created"))
     full_rows = {}
-    for path in sorted(work.glob("*/*.json")):
-        section, name = path.parent.name, path.stem
-        if name in ("memory_check", "outcomes", "ceilings") or path.name.startswith("."):
-            continue
-        data = _load(path)
-        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
-            summary["rows"][f"{section}/{name}"] = compact(data)
-            full_rows[f"{section}/{name}"] = data
-            summary.setdefault("device", data.get("device"))
-            summary.setdefault("git_commit", data.get("git_commit"))
-            summary.setdefault("created", data.get("created"))
+    for key, data in _rows(work):
+        summary["rows"][key], full_rows[key] = compact(data), data
+        summary.setdefault("device", data.get("device"))
+        summary.setdefault("git_commit", data.get("git_commit"))
+        summary.setdefault("created", data.get("created"))
     if full_rows:
         (out / "rows.json").write_text(json.dumps(full_rows) + "\n")
     for src, dst, key in ((work / "kernels.json", "kernels.json", "kernels"),
@@ -231,24 +242,17 @@ def update(work: Path, out: Path) -> dict:
     each replaced part with when and at which commit it was measured."""
     summary = json.loads((out / "summary.json").read_text())
     parts = {}
-    for preset in ("medium", "small", "large"):
-        report = _load(work / f"compare_{preset}.json")
-        if report:
-            shutil.copy(work / f"compare_{preset}.json", out)
-            summary["compare"][preset] = compare_summary(report)
-            _plots(out / f"compare_{preset}.json", out)
-            parts[f"compare_{preset}"] = report
+    for preset, report in _comparisons(work, out):
+        summary["compare"][preset] = compare_summary(report)
+        parts[f"compare_{preset}"] = report
     kernels = _load(work / "kernels.json")
     if kernels is not None:
         shutil.copy(work / "kernels.json", out)
         summary["kernels"] = parts["kernels"] = kernels
     rows = _load(out / "rows.json") or {}
-    for path in sorted(work.glob("*/*.json")):
-        data = _load(path)
-        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
-            key = f"{path.parent.name}/{path.stem}"
-            summary["rows"][key], rows[key] = compact(data), data
-            parts[key] = data
+    for key, data in _rows(work):
+        summary["rows"][key], rows[key] = compact(data), data
+        parts[key] = data
     if not parts:
         raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json or row)")
     (out / "rows.json").write_text(json.dumps(rows) + "\n")

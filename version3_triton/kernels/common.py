@@ -74,7 +74,7 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs) -> None:
     size = spec.size(dict(zip(fn.arg_names, args)), constexprs)
     ruled = _RULED.get((spec.name, size, repr(forced)))
     if ruled is None:
-        config = configs.rule_config(spec, current_target(), *size)
+        config = configs.allowed(spec, current_target(), *size)[0]
         tuner = triton.autotune([configs.triton_config(config)], key=[])(fn)
         ruled = _RULED[(spec.name, size, repr(forced))] = (config, tuner)
     config, tuner = ruled

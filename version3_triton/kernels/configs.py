@@ -348,12 +348,14 @@ def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict
     return usable_on(config, gpu.current_target())
 
 
-def rule_config(spec: KernelSpec, target: Target, width: int, elem_bytes: int) -> dict:
-    """A memory-bound kernel's configuration: the forced one (checked), else its rule's."""
+def allowed(spec: KernelSpec, target: Target, width: int, elem_bytes: int,
+            variant: Optional[str] = None) -> list[dict]:
+    """What may run for these sizes: the forced configuration (checked), else the candidates
+    (a memory-bound kernel's: its rule's one)."""
     forced = forced_config(spec.name)
     if forced is not None:
-        return check_config(spec.name, forced, width, elem_bytes)
-    return candidates(spec, target, width, elem_bytes)[0]
+        return [check_config(spec.name, forced, width, elem_bytes)]
+    return candidates(spec, target, width, elem_bytes, variant)
 
 
 # ---- the autotuner's prune ----------------------------------------------------------
@@ -365,11 +367,7 @@ def triton_config(config: dict) -> triton.Config:
 def early_prune(spec: KernelSpec, target: Target):
     """The autotuner's early_config_prune: what may run for these arguments."""
     def prune(configs, named_args, **constexprs):
-        width, elem_bytes, *variant = spec.size(named_args, constexprs)
-        forced = forced_config(spec.name)
-        if forced is not None:
-            return [triton_config(check_config(spec.name, forced, width, elem_bytes))]
-        fitting = candidates(spec, target, width, elem_bytes, *variant)
+        fitting = allowed(spec, target, *spec.size(named_args, constexprs))
         timed = AUTOTUNE and target.backend != "interpreter"  # nothing to time on a CPU
         return [triton_config(c) for c in (fitting if timed else fitting[:1])]
     return prune
