@@ -18,8 +18,13 @@ if str(REPO) not in sys.path:
 # The command lines the tests run start a fresh Python each. Where the packages were
 # installed without their compiled bytecode and PYTHONDONTWRITEBYTECODE is set (common in
 # containers), each start recompiles torch's modules (~5 s on a GPU machine). They share
-# one bytecode cache under results/ instead (never beside the sources).
-if "PYTHONPYCACHEPREFIX" not in os.environ:
+# one bytecode cache under results/ instead (never beside the sources). Where pip compiled
+# them at install (the project's own venv), that bytecode is used as it is: a cache prefix
+# would hide it and a fresh clone would compile torch again into an empty cache.
+import importlib.util  # noqa: E402
+
+_TORCH_BYTECODE = Path(importlib.util.cache_from_source(torch.__file__))
+if "PYTHONPYCACHEPREFIX" not in os.environ and not _TORCH_BYTECODE.exists():
     os.environ["PYTHONPYCACHEPREFIX"] = str(REPO / "results" / ".pycache")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 

@@ -15,9 +15,9 @@ import json
 import pytest
 import torch
 
-from conftest import HAS_GPU, load_version, run_cli
+from conftest import HAS_GPU, load_version
 from test_triton_kernels import assert_matches
-from test_v3_model import (SCRIPTS, assert_within_2x, config, errors,  # noqa: F401
+from test_v3_model import (assert_within_2x, config, errors,  # noqa: F401
                            no_autotuning, results, scales, v1_and_v3)
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
@@ -147,15 +147,17 @@ def test_model_in_low_precision_autocast_matches_the_unfused_model(v3):
     assert_within_2x(exact, ours, theirs, "fused", "unfused")
 
 
-def test_switch_is_accepted_and_recorded(tmp_path, v3):
-    """--no-fused-residual-norm through the command line: the results JSON records it and
-    the gradient guard passes (the default run: test_v3_model's loss curve; the same losses
-    either way: test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model)."""
+def test_switch_is_accepted_and_recorded(tmp_path, v3, monkeypatch, capsys):
+    """--no-fused-residual-norm through V3's main (the command line's parser, in this process):
+    the results JSON records it and the gradient guard passes (the default run: test_v3_model's
+    loss curve; the same losses either way:
+    test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model)."""
+    monkeypatch.setenv("V3_AUTOTUNE", "0")
     out = tmp_path / "off.json"
-    proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--device", DEVICE, "--precision", "fp32",
-                    "--batch-size", "2", "--num-steps", "3", "--warmup-steps", "1", "--quiet",
-                    "--output", out, "--no-fused-residual-norm"], env={"V3_AUTOTUNE": "0"})
-    assert proc.returncode == 0, proc.stderr
+    code = v3.main(["--preset", "tiny", "--device", DEVICE, "--precision", "fp32", "--batch-size", "2",
+                    "--num-steps", "3", "--warmup-steps", "1", "--quiet", "--output", str(out),
+                    "--no-fused-residual-norm"])
+    assert code == 0, capsys.readouterr().err
     off = json.loads(out.read_text())
     assert off["options"]["fused_residual_norm"] is False and off["gradient_guard"]["passed"]
 

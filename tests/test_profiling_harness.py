@@ -92,7 +92,7 @@ def test_deepspeed_missing_is_one_line_exit_2(tmp_path):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("version", ["v1", "v2", pytest.param("v3", marks=pytest.mark.slow), "v4"])
 def test_deepspeed_counts_one_forward_of_every_version(tmp_path, version):
     """The real FLOPS profiler, through run_all_profilers.sh, on the CPU (tiny preset).
 

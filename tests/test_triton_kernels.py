@@ -513,6 +513,7 @@ def test_gpu_inductor_launches_the_kernels_itself():
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow  # the kernel benchmark end to end in the interpreter: make test-slow
 def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     """The kernel benchmark's smoke mode (interpreter on a CPU, tiny shapes on a GPU)
     writes every timing column, including the host-overhead ones."""
