@@ -62,7 +62,9 @@ def run_label(result: dict) -> str:
                                     ("ckpt", run.get("grad_checkpoint")),
                                     (optimizer, optimizer != "default")) if on]
     size = run.get("preset") or f"b{run['batch_size']}xT{run['seq_len']}"
-    return " ".join([result["version"], size, run["precision"], *(f"+{e}" for e in extras)])
+    n = run.get("world_size", 1)
+    parallel = [f"{(result.get('distributed') or {}).get('kind', 'ddp')}x{n}"] if n > 1 else []
+    return " ".join([result["version"], size, run["precision"], *(f"+{e}" for e in extras), *parallel])
 
 
 def unique_labels(results: list[dict]) -> list[str]:

@@ -48,7 +48,19 @@ def row_key(r: dict) -> tuple:
     settings = ("batch_size", "seq_len", "precision", "compile", "compile_mode", "optimizer",
                 "grad_checkpoint", "grad_accum", "world_size", "data", "seed", "num_steps",
                 "learning_rate")
-    return (r["version"], tuple(sorted(r["config"].items())), *(run.get(k) for k in settings))
+    return (r["version"], tuple(sorted(r["config"].items())), *(run.get(k) for k in settings),
+            parallel_key(r))
+
+
+# What a data-parallel run chose beyond its world size (DDP's or FSDP2's knobs): two rows of one
+# model and batch on 2 GPUs, one with a lever switched back, are two rows.
+PARALLEL_KNOBS = ("kind", "bucket_cap_mb", "comm_hook", "compile_ddp", "static_graph",
+                  "comm_priority", "reshard_after_forward")
+
+
+def parallel_key(r: dict) -> tuple:
+    d = r.get("distributed") or {}
+    return tuple((k, d[k]) for k in PARALLEL_KNOBS if k in d)
 
 
 def options_of(r: dict) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from harness.errors import UsageError
-from training.parallel import BUCKET_MB
+from training.parallel import BUCKET_MB, DEFAULTS
 
 
 # ---------------------------------------------------------------- scaling efficiency
@@ -25,7 +25,8 @@ def scaling(single: dict, multi: dict) -> dict:
     communication that backward could not hide, plus waiting for the slowest rank.
     """
     n = multi["run"].get("world_size", 1)
-    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum", "compile")
+    mismatched = [k for k in ("batch_size", "seq_len", "precision", "grad_accum", "compile",
+                              "compile_mode", "optimizer")
                   if single["run"].get(k) != multi["run"].get(k)]
     if single["run"].get("world_size", 1) != 1 or mismatched or single["config"] != multi["config"]:
         what = ", ".join(mismatched) or ("model config" if single["config"] != multi["config"]
@@ -50,7 +51,7 @@ def variant(result: dict) -> str:
     d = result.get("distributed") or {}
     if d.get("kind") == "fsdp2":
         keep = not d.get("reshard_after_forward", True)
-        return "keep weights fwd->bwd" if keep else "reshard after fwd"
+        return ", ".join(["keep weights fwd->bwd" if keep else "reshard after fwd", *_priority(d)])
     if d.get("kind") != "ddp":
         return ""
     parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]
@@ -58,11 +59,19 @@ def variant(result: dict) -> str:
         parts.append(f"{d['comm_hook']} all-reduce")
     if result["run"].get("compile"):
         parts.append("one graph" if d.get("compile_ddp") == "whole" else "graph split per bucket")
+    parts += _priority(d)
     if d.get("static_graph"):
         parts.append("static graph")
     if "NCCL_MAX_NCHANNELS" in d.get("env", {}):
         parts.append(f"NCCL <= {d['env']['NCCL_MAX_NCHANNELS']} channels")
     return ", ".join(parts)
+
+
+def _priority(d: dict) -> list[str]:
+    """The communication stream's priority where it is not the default (results from before
+    --comm-priority existed ran at normal priority)."""
+    priority = d.get("comm_priority", "normal")
+    return [] if priority == DEFAULTS["comm_priority"] else [f"{priority}-priority comm stream"]
 
 
 COLUMNS = (  # header, key in a scaling() row, format; text columns are left-aligned

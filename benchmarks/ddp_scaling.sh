@@ -15,6 +15,7 @@
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
 #   static      --ddp-static-graph            (DDP fixes its bucket order after step 1)
+#   normalprio  --comm-priority normal        (NCCL on a normal-priority stream)
 #   nchN        env NCCL_MAX_NCHANNELS=N      (NCCL uses at most N channels, i.e. fewer SMs
 #                                              taken from the backward it overlaps; nch4 ...)
 #   fsdp        --fsdp                        (FSDP2 instead of DDP)
@@ -66,11 +67,12 @@ variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unkno
             bf16 | fp16) flags+=(--ddp-comm-hook "$part") ;;
             whole) flags+=(--compile-ddp whole) ;;
             static) flags+=(--ddp-static-graph) ;;
+            normalprio) flags+=(--comm-priority normal) ;;
             nch[0-9]*) ;;  # an environment variable: see variant_env
             fsdp) flags+=(--fsdp) ;;
             noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
             *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
-                    "whole static nchN fsdp noreshard, joined with +)" >&2
+                    "whole static normalprio nchN fsdp noreshard, joined with +)" >&2
                return 2 ;;
         esac
     done

@@ -31,6 +31,8 @@ class Row:
     env: tuple = ()       # VAR=value settings of the run
     answers: tuple = ()   # exit codes that are an answer, not a failure (2: no such kernel here)
     quick: bool = False   # reproduce --quick runs a step's quick rows (all, where none is)
+    gpus: int = 1         # processes under torchrun, one per GPU (1: plain python)
+    baseline: str = ""    # the 1-GPU row of the same step whose work per GPU this row scales
 
     @property
     def key(self) -> str:
@@ -101,14 +103,46 @@ def _blocks() -> list[Row]:
     return rows
 
 
+SCALING_MODES = {"compile": ("compiled", ("--compile",)), "best": ("graphs + master weights", GRAPHS)}
+
+
+def _scaling() -> list[Row]:
+    """Every version in the two modes the workshop publishes, on 1, 2 and 4 GPUs (the
+    medium preset's batch per GPU, so N GPUs do N times the work), FSDP2 beside DDP, and the
+    lever the defaults include (the communication stream's priority) switched back."""
+    rows = []
+    for version in ("v1", "v2", "v3", "v4"):
+        for mode, (words, flags) in SCALING_MODES.items():
+            one = f"{version}_{mode}_1gpu"
+            # torchrun gives each of its processes one OpenMP thread; so does the baseline,
+            # so that the two runs differ in the number of GPUs only
+            rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU", version,
+                            (*BF16, *flags), env=("OMP_NUM_THREADS=1",)))
+            rows += [Row("scaling", f"{version}_{mode}_ddp{n}", "scaling",
+                         f"{version.upper()} {words}, DDP x{n}", version, (*BF16, *flags), gpus=n,
+                         baseline=one) for n in (2, 4)]
+    rows += [Row("scaling", "v4_compile_fsdp2", "scaling", "V4 compiled, FSDP2 x2", "v4",
+                 (*BF16, "--compile", "--fsdp"), gpus=2, baseline="v4_compile_1gpu"),
+             Row("scaling", "v4_best_ddp2_normal_priority", "scaling",
+                 "V4 graphs + master weights, DDP x2, `--comm-priority normal`", "v4",
+                 (*BF16, *GRAPHS, "--comm-priority", "normal"), gpus=2, baseline="v4_best_1gpu")]
+    return rows
+
+
 def _sdpa() -> list[Row]:
     return [Row("sdpa", f"backend_{b}", "sdpa-backends", f"`--sdpa-backend {b}`", "v4", (*BF16, "--sdpa-backend", b),
                 same_as="eager" if b == "auto" else "", answers=() if b == "auto" else (2,))
             for b in ("auto", "flash", "efficient", "cudnn", "math")]
 
 
-ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa())
+ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_scaling())
 assert len({r.key for r in ROWS}) == len(ROWS), "two rows write one JSON"
+
+
+def scaled_rows(block: str) -> list[tuple[str, str, str]]:
+    """(label, 'step/name', 'step/baseline' or '') of the rows a scaling block shows."""
+    return [(r.label, r.key, f"{r.step}/{r.baseline}" if r.baseline else "")
+            for r in ROWS if r.block == block]
 
 
 def block_rows(block: str) -> list[tuple[str, str]]:
@@ -120,7 +154,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["list"]:
         for r in ROWS:
             env = " ".join(r.env) + " " if r.env else ""
-            print(f"{r.key:45s} {r.block:17s} {env}python {VERSIONS[r.version].script} "
+            launch = f"torchrun --standalone --nproc-per-node {r.gpus}" if r.gpus > 1 else "python"
+            print(f"{r.key:45s} {r.block:17s} {env}{launch} {VERSIONS[r.version].script} "
                   f"--preset medium {' '.join(r.flags)}")
         return 0
     if argv[:1] == ["rows"] and len(argv) in (2, 3) and argv[2:] in ([], ["--quick"]):
@@ -130,9 +165,10 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"error: no rows for step {argv[1]!r}", file=sys.stderr)
             return 2
-        for r in rows:  # name, version, script, same_as, answers, env, then each flag
+        for r in rows:  # name, version, script, same_as, answers, env, GPUs, then each flag
             print("\t".join([r.name, r.version, VERSIONS[r.version].script, r.same_as or "-",
-                             " ".join(map(str, r.answers)) or "-", " ".join(r.env) or "-", *r.flags]))
+                             " ".join(map(str, r.answers)) or "-", " ".join(r.env) or "-",
+                             str(r.gpus), *r.flags]))
         return 0
     print("usage: python -m benchmarks.experiments list | rows STEP [--quick]", file=sys.stderr)
     return 2

@@ -2,6 +2,7 @@
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
 #   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
+#                                                 # (scaling, on 2+ GPUs only: about 12 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -20,7 +21,7 @@
 #   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
 #             and results/published/<gpu>.tgz, the same files in one archive
 #   regress   python -m analysis_tools regress: the throughput of every published comparison row
-#             against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
+#             and scaling row against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
 # Then `cp -r results/published/<gpu> docs/published/ && python tools/publish.py` publishes it;
 # after re-running only some steps (on a fresh machine), `python tools/publish.py update
 # results/reproduce/<gpu> docs/published/<gpu> && python tools/publish.py` republishes those
@@ -28,7 +29,8 @@
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
-# WARMUP (10 warm-up steps before them), REPEATS (1: rounds of each comparison), BASELINE
+# WARMUP (10 warm-up steps before them), ROWS (a pattern: run only the rows of a step whose
+# names match it, e.g. ROWS='v4_*'), REPEATS (1: rounds of each comparison), BASELINE
 # (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES / LARGE_MODES (the compare_versions
 # --modes; medium: eager,compile,reduce-overhead-master, small: eager,reduce-overhead, large:
 # reduce-overhead-master). max-autotune is left out by default (minutes of
@@ -54,7 +56,7 @@ if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
-ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large publish regress)
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large scaling publish regress)
 describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
@@ -68,6 +70,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
+        scaling)        echo "~12 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2; skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
@@ -94,7 +97,7 @@ done
 
 if [ $QUICK = 1 ]; then
     # The pipeline on a CPU: tiny preset, 4 steps, two comparison rows and one lever row.
-    DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; LARGE=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1
+    DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; LARGE=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1; NGPU=0
     GPU=${GPU:-cpu-quick}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
@@ -104,6 +107,7 @@ else
         exit 2
     fi
     GPU=${GPU:-$($PY -c 'from tools.publish import gpu_slug; print(gpu_slug())')}
+    NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())')
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
 fi
 RESULTS=${RESULTS:-results}
@@ -114,25 +118,37 @@ mkdir -p "$W"
 LOG="$W/reproduce.log"
 start=$SECONDS
 failed=0
+# Each training row runs in the background and is waited for: when reproduce itself is stopped
+# (TERM from a time limit, Ctrl-C) it stops that run too - timeout passes the signal on, torchrun
+# to its workers - instead of leaving it on the GPUs beside whatever runs next.
+RUN_PID=
+trap '[ -n "$RUN_PID" ] && kill -TERM $RUN_PID 2>/dev/null; echo "reproduce stopped" >&2; exit 143' TERM INT
 say() { echo "[$(printf '%3d:%02d' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)))] $*" | tee -a "$LOG"; }
 have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
 finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
 # train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists),
 # with the flags a compare_versions run has, so a row and a comparison's run compare.
-# ROW_ENV: VAR=value settings for the run; OK_EXIT: exits that are answers.
+# ROW_ENV: VAR=value settings for the run; OK_EXIT: exits that are answers; ROW_GPUS: more
+# than 1 starts the run under torchrun, one process per GPU.
 OK_EXIT=3
 train() {
     local dir=$1 name=$2 script=$3; shift 3
     local out="$W/$dir/$name.json"
     if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
     mkdir -p "$W/$dir"
-    echo "== $name: $script $*" >> "$W/$dir/runs.log"
-    if env ${ROW_ENV:-} timeout 300 $PY "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
-            --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1; then
+    local launch=($PY)
+    [ "${ROW_GPUS:-1}" -gt 1 ] && launch=($PY -m torch.distributed.run --standalone --nproc-per-node "$ROW_GPUS")
+    echo "== $name: ${launch[*]} $script $*" >> "$W/$dir/runs.log"
+    env ${ROW_ENV:-} timeout 300 "${launch[@]}" "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
+        --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1 &
+    RUN_PID=$!
+    wait $RUN_PID
+    local rc=$?
+    RUN_PID=
+    if [ $rc = 0 ]; then
         say "   $dir/$name ok"
     else
-        local rc=$?
         # Some failures are answers: out of memory (exit 3) in the memory exercise, an SDPA
         # backend this GPU lacks (exit 2). They are recorded as such, not as failures.
         echo "{\"exit_code\": $rc, \"error\": $(tail -n 1 "$W/$dir/runs.log" | $PY -c 'import json,sys; print(json.dumps(sys.stdin.read().strip()))')}" > "$out"
@@ -160,13 +176,18 @@ from_compare() {
 run_rows() {
     local quick=(); [ $QUICK = 1 ] && quick=(--quick)
     local listing; listing=$($PY -m benchmarks.experiments rows "$1" "${quick[@]}") || { failed=1; return; }
-    local name version script same answers env flags
+    local name version script same answers env gpus flags
     while IFS=$'\t' read -r -u 3 -a fields; do  # fd 3: a run never reads the listing
         name=${fields[0]} version=${fields[1]} script=${fields[2]} same=${fields[3]}
-        answers=${fields[4]} env=${fields[5]} flags=("${fields[@]:6}")
+        answers=${fields[4]} env=${fields[5]} gpus=${fields[6]} flags=("${fields[@]:7}")
         [ "$answers" = - ] && answers=""; [ "$env" = - ] && env=""
+        # shellcheck disable=SC2053  # ROWS is a pattern
+        [[ $name == ${ROWS:-*} ]] || continue
+        if [ "$gpus" -gt 1 ] && [ "$gpus" -gt "$NGPU" ]; then
+            say "   $1/$name: skipped, needs $gpus GPUs ($NGPU here)"; continue
+        fi
         if [ "$same" = - ]; then
-            ROW_ENV=$env OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset $MEDIUM "${flags[@]}"
+            ROW_ENV=$env ROW_GPUS=$gpus OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset $MEDIUM "${flags[@]}"
         else
             ROW_ENV=$env OK_EXIT="3 $answers" from_compare "$1" "$name" "$version" "$same" "$script" --preset $MEDIUM "${flags[@]}"
         fi
@@ -245,6 +266,10 @@ run_step() {
             tail -n 8 "$W/memory/memory_check.log"
         fi ;;
     levers|fusion|blocks|sdpa) run_rows "$1" ;;
+    scaling)
+        if [ "$NGPU" -lt 2 ]; then say "   skipped: data-parallel scaling needs 2 or more GPUs ($NGPU here)"; return; fi
+        # NVLink multicast (NVLS) stays off, as in benchmarks/ddp_scaling.sh (docs/MULTI_GPU.md)
+        NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} run_rows scaling ;;
     flops)
         # V3 runs its Triton kernels in the CPU interpreter (~40 s): --quick leaves it out
         local versions=(v1 v2 v3 v4); [ $QUICK = 1 ] && versions=(v1 v2 v4)
@@ -282,7 +307,15 @@ run_step() {
             $PY -m analysis_tools regress --baseline "$BASELINE/compare_$preset.json" \
                 --tolerance throughput=0.05 "$PUB/compare_$preset.json" | tee -a "$LOG" \
                 || failed=1   # pipefail: the status is regress's
-        done ;;
+        done
+        # The scaling rows (each 1-GPU and multi-GPU run), where both sets have them
+        local R="$W/.regress"; rm -rf "$R"
+        if $PY tools/publish.py step-rows "$BASELINE/rows.json" scaling "$R/baseline" 2>/dev/null \
+                && $PY tools/publish.py step-rows "$W" scaling "$R/new" 2>/dev/null; then
+            say "   regress scaling rows (throughput: fail on a drop of more than 5%)"
+            $PY -m analysis_tools regress --baseline "$R/baseline" --tolerance throughput=0.05 "$R/new" \
+                | tee -a "$LOG" || failed=1
+        fi ;;
     esac
 }
 

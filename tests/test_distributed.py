@@ -73,7 +73,7 @@ def settings(**changes):
     """The RunSettings fields the distributed code reads (data-parallel knobs at their defaults)."""
     base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
                 **{name: parallel.DEFAULTS[name]
-                   for name in {**parallel.DDP_KNOBS, **parallel.FSDP_KNOBS}})
+                   for name in {**parallel.DDP_KNOBS, **parallel.FSDP_KNOBS, **parallel.SHARED_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
 
 
@@ -253,7 +253,10 @@ def test_two_nodes_meet_through_c10d_and_train_as_one_job(single_run, tmp_path):
     assert (info["world_size"], info["nodes"], info["processes_per_node"]) == (2, 2, 1)
 
 
-@pytest.mark.parametrize("version", ["v2", "v4"])  # v3 is left out: Triton's CPU interpreter is slow
+# make test-slow: V1's runs above cover the data-parallel path every version shares; this
+# checks V2's and V4's models under it (v3 is left out: Triton's CPU interpreter is slow)
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["v2", "v4"])
 def test_every_version_trains_under_ddp(version, single_run, tmp_path):
     """Same V1 weights, same global batch: every version's DDP losses match V1's single process."""
     module = load_version(version)
@@ -271,14 +274,15 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
     def parse(*argv):
         return settings_from_args("v1", build_parser("v1", "").parse_args(list(argv)), list(argv))
     s = parse("--ddp-bucket-mb", "100", "--ddp-comm-hook", "bf16", "--compile-ddp", "whole",
-              "--ddp-static-graph", "--fsdp-reshard-after-forward", "false")
+              "--ddp-static-graph", "--fsdp-reshard-after-forward", "false", "--comm-priority", "normal")
     assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.ddp_static_graph,
-            s.fsdp_reshard_after_forward) == (100.0, "bf16", "whole", True, False)
+            s.fsdp_reshard_after_forward, s.comm_priority) == (100.0, "bf16", "whole", True, False, "normal")
     d = parse()
     assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.ddp_static_graph,
-            d.fsdp_reshard_after_forward) == (25.0, "none", "split", False, True)
+            d.fsdp_reshard_after_forward, d.comm_priority) == (25.0, "none", "split", False, True, "high")
     for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
-                 ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"]):
+                 ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"],
+                 ["--comm-priority", "urgent"]):
         with pytest.raises(UsageError, match=argv[0]):
             parse(*argv)
 
@@ -286,11 +290,11 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
 def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
     for k in TORCHRUN_VARS:
         monkeypatch.delenv(k, raising=False)
-    ctx = parallel.setup(settings(ddp_comm_hook="bf16", ddp_bucket_mb=100.0))
+    ctx = parallel.setup(settings(ddp_comm_hook="bf16", ddp_bucket_mb=100.0, comm_priority="normal"))
     assert ctx.world_size == 1
     note = capsys.readouterr().err
     assert note.count("\n") == 1 and "ignored" in note
-    assert "--ddp-bucket-mb, --ddp-comm-hook" in note
+    assert "--ddp-bucket-mb, --ddp-comm-hook, --comm-priority" in note
 
 
 @pytest.mark.parametrize("changes, fragment", [
@@ -411,19 +415,19 @@ def test_scaling_table_names_each_variant():
     single = fake_result(1, 1000.0, 10.0)
     runs = []
     for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"},
-                  {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}}):
+                  {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}, "comm_priority": "normal"}):
         run = fake_result(2, 1800.0, 11.1)
-        run["distributed"] = {"kind": "ddp", **extra}
+        run["distributed"] = {"kind": "ddp", "comm_priority": "high", **extra}  # as runs record it
         runs.append(run)
     for run in (single, *runs):
         run["run"]["compile"] = True
     fsdp = fake_result(2, 1500.0, 13.0)
     fsdp["run"]["parallel"] = "fsdp2"
-    fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False}
+    fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False, "comm_priority": "high"}
     rows = [scaling.scaling(single, r) for r in runs]
     assert [r["variant"] for r in rows] == [
         "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
-        "bucket 25 MB, graph split per bucket, static graph, NCCL <= 4 channels"]
+        "bucket 25 MB, graph split per bucket, normal-priority comm stream, static graph, NCCL <= 4 channels"]
     single["run"]["compile"] = False
     for r in runs:
         r["run"]["compile"] = False
@@ -434,6 +438,9 @@ def test_scaling_table_names_each_variant():
     runs[0]["run"]["compile"] = True
     with pytest.raises(UsageError, match="compile"):
         scaling.scaling(single, runs[0])
+    runs[1]["run"]["optimizer"] = "master"  # the baseline of a master-weights run has them too
+    with pytest.raises(UsageError, match="optimizer"):
+        scaling.scaling(single, runs[1])
 
 
 def write_trace(path, kernels, steps=2):

@@ -39,7 +39,8 @@ def test_every_row_is_named_once_in_the_manifest():
     from harness.config import load_spec
     from training import cli
     published = json.loads((REPO / "docs/published/h200/summary.json").read_text())["rows"]
-    assert {r.key for r in ROWS} <= set(published)
+    # the scaling step runs on a machine with 2 or more GPUs; a set made on one has none of it
+    assert {r.key for r in ROWS if r.step != "scaling"} <= set(published)
     assert {r.block for r in ROWS} <= set(blocks.BLOCKS)
     script = (REPO / "benchmarks/reproduce.sh").read_text()
     assert not re.search(r"^\s*(train|from_compare) (memory|levers|fusion|blocks|sdpa) ", script, re.M)
@@ -75,6 +76,44 @@ def test_update_republishes_the_steps_run_again_and_keeps_the_rest(tmp_path, mon
     assert "| re-measured | levers (1 row): ?, commit `unknown` |" in page
     with pytest.raises(SystemExit, match="nothing re-measured"):
         publish.update(tmp_path / "empty", pub)
+
+
+def scaling_result(template: dict, n: int, tokens_per_s: float, **distributed) -> dict:
+    """A results JSON of the medium preset on n GPUs (DDP unless distributed says otherwise)."""
+    r = json.loads(json.dumps(template))
+    r["run"].update(world_size=n, global_batch_size=16 * n)
+    r["throughput"]["tokens_per_s"] = tokens_per_s
+    r["distributed"] = {"kind": "ddp", "world_size": n, "comm_priority": "high", **distributed} if n > 1 else None
+    return r
+
+
+def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
+    """The scaling block divides each multi-GPU row by N x its own 1-GPU row; rows a machine
+    could not run (4 GPUs on a 2-GPU machine) are left out; regress tells a lever's row
+    (the normal-priority stream) from the default's, and step-rows hands it the rows."""
+    from analysis_tools.regress import check
+    from benchmarks.experiments import ROWS
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    made = {"scaling/v4_best_1gpu": scaling_result(template, 1, 400_000.0),
+            "scaling/v4_best_ddp2": scaling_result(template, 2, 760_000.0),
+            "scaling/v4_best_ddp2_normal_priority": scaling_result(template, 2, 740_000.0,
+                                                                   comm_priority="normal"),
+            "scaling/v4_compile_fsdp2": {"exit_code": 1, "error": "error: out of patience"}}
+    summary = {"rows": {key: publish.compact(r) for key, r in made.items()}}
+    text = blocks.render("scaling", summary)
+    assert "| V4 graphs + master weights, DDP x2 | 2 | 760,000 | 380,000 | 95.0% |" in text
+    assert "`--comm-priority normal` | 2 | 740,000 | 370,000 | 92.5% |" in text
+    assert "exit 1: error: out of patience" in text and "x4" not in text
+    assert "by `bash benchmarks/reproduce.sh scaling`" in text
+    assert {r.baseline for r in ROWS if r.step == "scaling" and r.gpus > 1} == {
+        r.name for r in ROWS if r.step == "scaling" and r.gpus == 1}
+    (tmp_path / "rows.json").write_text(json.dumps(made))
+    assert publish.step_rows(tmp_path / "rows.json", "scaling", tmp_path / "out") == 0
+    runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*.json"))]
+    assert len(runs) == 3  # the failed row is no run to compare
+    table, notes = check(runs, runs)
+    assert (table["metric"] == "throughput").sum() == 3 and (table["status"] == "ok").all(), notes
+    assert publish.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
 
 
 def test_gpu_slug():

@@ -88,6 +88,8 @@ def compact(result: dict | None) -> dict:
             "peak_mb": mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
             "final_loss": result["losses"][-1] if result["losses"] else None,
             "batch_size": run["batch_size"], "seq_len": run["seq_len"], "precision": run["precision"],
+            "world_size": run.get("world_size", 1), "device": result["device"].get("name"),
+            "torch": result["device"].get("torch"), "created": result.get("created"),
             "sdpa_kernel": result["options"].get("sdpa_kernel")}
 
 
@@ -349,8 +351,28 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
     return 0
 
 
+def step_rows(source: Path, step: str, out: Path) -> int:
+    """The finished rows of one reproduce step, one results JSON each, into `out`: from a
+    published set's rows.json or from reproduce's work folder. What regress compares."""
+    if source.is_dir():
+        rows = dict(_rows(source))
+    else:
+        rows = _load(source) or {}
+    found = {key: data for key, data in rows.items()
+             if key.startswith(f"{step}/") and "schema_version" in data}
+    if not found:
+        print(f"no finished {step} rows in {source}", file=sys.stderr)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    for key, data in found.items():
+        (out / f"{key.split('/', 1)[1]}.json").write_text(json.dumps(data) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["step-rows"] and len(argv) == 4:
+        return step_rows(Path(argv[1]), argv[2], Path(argv[3]))
     if argv[:1] == ["compare-row"] and len(argv) == 5:
         return compare_row(Path(argv[1]), argv[2], argv[3], Path(argv[4]))
     if argv[:1] == ["collect"] and len(argv) == 3:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.experiments import block_rows  # noqa: E402
+from benchmarks.experiments import block_rows, scaled_rows  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
 
@@ -47,6 +47,34 @@ def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "f
         else:
             out.append([label] + [getters[c](r) for c in cols])
     return table(["run", *cols], out)
+
+
+def scaling_table(s: dict, block: str) -> str:
+    """Data-parallel rows beside the 1-GPU run they scale: efficiency = tokens/s of N GPUs /
+    (N x tokens/s of one GPU at the same batch per GPU). Rows this machine could not run
+    (too few GPUs) are left out."""
+    out, caption = [], ""
+    for label, key, base_key in scaled_rows(block):
+        r = s["rows"].get(key)
+        if r is None:
+            continue
+        if not r.get("ok"):
+            out.append([label, f"exit {r.get('exit_code')}: {r.get('error')}", *["-"] * 5])
+            continue
+        one = s["rows"].get(base_key, {}) if base_key else r
+        n = r.get("world_size", 1)
+        efficiency = (r["tokens_per_s"] / (n * one["tokens_per_s"])
+                      if one.get("ok") and one.get("tokens_per_s") else None)
+        out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
+                    num(r.get("step_ms"), ".2f"),
+                    " / ".join(num(r.get(k), ".2f") for k in ("forward_ms", "backward_ms", "optimizer_ms"))])
+        if n > 1 and not caption:
+            caption = (f"Measured on {n} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
+                       f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+    if not out:
+        return PLACEHOLDER
+    return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
+                  "fwd / bwd / opt ms"], out) + (f"\n\n{caption}" if caption else "")
 
 
 def compare_table(s: dict, preset: str, modes=None) -> str:
@@ -222,6 +250,7 @@ BLOCKS = {
     "graphs-small": graphs_block,
     "debug-stages": debug_block,
     "flop-counters": flop_counters_block,
+    "scaling": lambda s: scaling_table(s, "scaling"),
 }
 
 

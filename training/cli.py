@@ -94,6 +94,11 @@ def build_parser(version: str, description: str, add_arguments=None,
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
 
+    t.add_argument("--comm-priority", choices=("normal", "high"), default="high",
+                   help="under torchrun on a GPU: the priority of the stream NCCL/RCCL "
+                        "communicates on; high = its kernels get SMs ahead of the backward "
+                        "they overlap, normal = they queue behind it")
+
     r = p.add_argument_group("run")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda also means an AMD GPU under ROCm")
@@ -184,6 +189,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
         compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
+        comm_priority=args.comm_priority,
         command=" ".join(["python", sys.argv[0], *argv]))
 
 

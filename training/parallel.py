@@ -54,6 +54,7 @@ BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm 
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
              "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward"}
+SHARED_KNOBS = {"comm_priority": "--comm-priority"}  # both wrappers read it
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSettings)}
 ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
 
@@ -97,8 +98,10 @@ def check_knobs(settings, under_torchrun: bool) -> None:
     fsdp_set = [flag for name, flag in FSDP_KNOBS.items()
                 if getattr(settings, name) != DEFAULTS[name]]
     if not under_torchrun:
-        if ddp_set or fsdp_set:
-            print(f"note: {', '.join(ddp_set + fsdp_set)} only act under torchrun; ignored in "
+        shared_set = [flag for name, flag in SHARED_KNOBS.items()
+                      if getattr(settings, name) != DEFAULTS[name]]
+        if ddp_set or fsdp_set or shared_set:
+            print(f"note: {', '.join(ddp_set + fsdp_set + shared_set)} only act under torchrun; ignored in "
                   f"this single-process run", file=sys.stderr)
         return
     wrong = ddp_set if settings.fsdp else fsdp_set
@@ -135,7 +138,14 @@ def setup(settings):
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     # device_id binds this process to its GPU and lets NCCL connect right away.
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    # --comm-priority high: NCCL/RCCL launches on a high-priority stream, so when a
+    # bucket's all-reduce and backward's kernels both wait for SMs, the all-reduce
+    # gets them first instead of queueing behind the backward it is meant to overlap.
+    options = None
+    if backend == "nccl" and settings.comm_priority == "high":
+        options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                            pg_options=options)
     return DataParallel(settings, device, backend, fully_shard)
 
 
@@ -179,6 +189,7 @@ class DataParallel(SingleProcess):
                 "compile_ddp": self.compile_ddp, "static_graph": self.static_graph}
                if self.kind == "ddp" else
                {"reshard_after_forward": self.reshard_after_forward}),
+            "comm_priority": settings.comm_priority,
             "nccl_version": _nccl_version() if backend == "nccl" else None,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         }
