@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import datetime as dt
 import io
 import json
 import pstats
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps({
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,
             "triton": triton.__version__, "git_commit": results.git_commit(),
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "rows": rows}, indent=2) + "\n")
         tmp.replace(path)  # never a half-written file
     return 0

@@ -2,7 +2,7 @@
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
 #   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
-#                                                 # (scaling, on 2+ GPUs only: about 12 more)
+#                                                 # (scaling, on 2+ GPUs only: about 18 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -62,7 +62,7 @@ describe_step() {
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
         compare-medium) echo "~5 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
         compare-small)  echo "~2.5 min  compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
-        kernels)        echo "~2.2 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py)" ;;
+        kernels)        echo "~2.3 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
         analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~1.3 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
@@ -70,7 +70,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
-        scaling)        echo "~12 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2; skipped below 2 GPUs" ;;
+        scaling)        echo "~18 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2; skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
@@ -234,7 +234,11 @@ run_step() {
         local quick=(); [ $QUICK = 1 ] && quick=(--quick)
         $PY version3_triton/bench_kernels.py "${quick[@]}" --output "$W/kernels.json" \
             > "$W/kernels.log" 2>&1 || failed=1
-        tail -n 12 "$W/kernels.log" ;;
+        tail -n 12 "$W/kernels.log"
+        if [ $QUICK = 0 ]; then  # host microseconds per call: a GPU measurement only
+            $PY benchmarks/host_overhead.py --output "$W/host_overhead.json" > "$W/host_overhead.log" 2>&1 || failed=1
+            tail -n 16 "$W/host_overhead.log"
+        fi ;;
     analysis)
         local A="$W/analysis"; mkdir -p "$A"
         if ! have "$A/ceilings.json"; then

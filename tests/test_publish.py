@@ -116,6 +116,26 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
     assert publish.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
 
 
+def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkeypatch):
+    """benchmarks/host_overhead.py's JSON (the kernels step) becomes the host-overhead block,
+    and publish.py update republishes it like the kernel table."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)
+    measured = {"device": "GPU X", "torch": "2.11", "triton": "3.6", "git_commit": "abc1234",
+                "created": "2031-01-02T03:04:05+00:00",
+                "rows": [{"call": "torch: x + 1 (one elementwise kernel)", "host_us": 6.25},
+                         {"call": "v3: rms_norm fwd+bwd (autograd)", "host_us": 474.4}]}
+    text = blocks.render("host-overhead", {"host_overhead": measured})
+    assert "| v3: rms_norm fwd+bwd (autograd) | 474.4 |" in text and "GPU X" in text and "2031-01-02" in text
+    pub, work = tmp_path / "h200", tmp_path / "work"
+    shutil.copytree(REPO / "docs/published/h200", pub)
+    work.mkdir()
+    (work / "host_overhead.json").write_text(json.dumps(measured))
+    after = publish.update(work, pub)
+    assert after["host_overhead"] == measured and (pub / "host_overhead.json").exists()
+    assert after["updated"][-1] == {"part": "host_overhead", "created": measured["created"],
+                                    "git_commit": "abc1234"}
+
+
 def test_gpu_slug():
     assert publish.gpu_slug("NVIDIA H200") == "h200"
     assert publish.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"

@@ -208,6 +208,7 @@ def collect(work: Path, out: Path) -> dict:
     if full_rows:
         (out / "rows.json").write_text(json.dumps(full_rows) + "\n")
     for src, dst, key in ((work / "kernels.json", "kernels.json", "kernels"),
+                          (work / "host_overhead.json", "host_overhead.json", "host_overhead"),
                           (work / "analysis" / "ceilings.json", "ceilings.json", "ceilings"),
                           (work / "memory" / "memory_check.json", "memory_check.json", "memory"),
                           (work / "debug" / "outcomes.json", None, "debug")):
@@ -247,16 +248,18 @@ def update(work: Path, out: Path) -> dict:
     for preset, report in _comparisons(work, out):
         summary["compare"][preset] = compare_summary(report)
         parts[f"compare_{preset}"] = report
-    kernels = _load(work / "kernels.json")
-    if kernels is not None:
-        shutil.copy(work / "kernels.json", out)
-        summary["kernels"] = parts["kernels"] = kernels
+    for name in ("kernels", "host_overhead"):  # the kernels step's two tables
+        data = _load(work / f"{name}.json")
+        if data is not None:
+            shutil.copy(work / f"{name}.json", out)
+            summary[name] = parts[name] = data
     rows = _load(out / "rows.json") or {}
     for key, data in _rows(work):
         summary["rows"][key], rows[key] = compact(data), data
         parts[key] = data
     if not parts:
-        raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json or row)")
+        raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json, "
+                         f"host_overhead.json or row)")
     (out / "rows.json").write_text(json.dumps(rows) + "\n")
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
     summary["updated"] = kept + [{"part": part, "created": data.get("created"),

@@ -118,6 +118,17 @@ def kernels_table(s: dict) -> str:
                   "rate (do_bench)", "rate (graph replay)"], rows)
 
 
+def host_overhead_table(s: dict) -> str:
+    h = s.get("host_overhead")
+    if not h:
+        return PLACEHOLDER
+    rows = [[r["call"], num(r["host_us"], ",.1f")] for r in h["rows"]]
+    return (table(["call (tiny input: the GPU waits for the host)", "host us per call"], rows)
+            + f"\n\nMeasured on {h.get('device', '?')} (torch {h.get('torch', '?')}, triton "
+              f"{h.get('triton', '?')}), {(h.get('created') or '?')[:10]}, by `bash "
+              "benchmarks/reproduce.sh kernels` (`python benchmarks/host_overhead.py`).")
+
+
 def profile_block(s: dict, version: str) -> str:
     p = s.get("profiles", {}).get(version)
     if not p:
@@ -244,6 +255,7 @@ BLOCKS = {
                                                          ("v4", "eager"), ("v4", "compile")}),
     "v4-modes": lambda s: compare_table(s, "medium", modes={("v4", m) for m in MODE_NAMES} | {("hf", "compile")}),
     "kernels": kernels_table,
+    "host-overhead": host_overhead_table,
     "block-sizes": lambda s: row_table(s, block_rows("block-sizes"), cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
     "sdpa-backends": lambda s: row_table(s, block_rows("sdpa-backends"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
     "sdpa-sweep": sdpa_sweep_block,

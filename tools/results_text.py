@@ -170,7 +170,10 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "`triton.testing.do_bench` medians with the L2 cache flushed, and the same forward+backward "
             "replayed from a CUDA/HIP graph (no host launch cost):", "", block("kernels"), "",
             "SDPA backends on the medium preset's attention shape (one layer, forward + backward):", "",
-            block("sdpa-sweep"), ""]
+            block("sdpa-sweep"), "",
+            "Host microseconds per call (`python benchmarks/host_overhead.py`): what launching costs "
+            "before the GPU can start, the floor under every eager step that makes the call:", "",
+            block("host-overhead"), ""]
 
     out += ["## Ceilings and MFU", ""]
     if s and s.get("ceilings"):
