@@ -108,8 +108,9 @@ SCALING_MODES = {"compile": ("compiled", ("--compile",)), "best": ("graphs + mas
 
 def _scaling() -> list[Row]:
     """Every version in the two modes the workshop publishes, on 1, 2 and 4 GPUs (the
-    medium preset's batch per GPU, so N GPUs do N times the work), FSDP2 beside DDP, and the
-    lever the defaults include (the communication stream's priority) switched back."""
+    medium preset's batch per GPU, so N GPUs do N times the work), FSDP2 beside DDP, the
+    lever the defaults include (the communication stream's priority) switched back, and
+    DDP's other levers on V4 compiled (docs/MULTI_GPU.md, "Tuning DDP and FSDP2")."""
     rows = []
     for version in ("v1", "v2", "v3", "v4"):
         for mode, (words, flags) in SCALING_MODES.items():
@@ -126,6 +127,13 @@ def _scaling() -> list[Row]:
              Row("scaling", "v4_best_ddp2_normal_priority", "scaling",
                  "V4 graphs + master weights, DDP x2, `--comm-priority normal`", "v4",
                  (*BF16, *GRAPHS, "--comm-priority", "normal"), gpus=2, baseline="v4_best_1gpu")]
+    levers = {"bucket200": ("`--ddp-bucket-mb 200`", ("--ddp-bucket-mb", "200")),
+              "whole": ("`--compile-ddp whole`", ("--compile-ddp", "whole")),
+              "bf16_allreduce": ("`--ddp-comm-hook bf16`", ("--ddp-comm-hook", "bf16")),
+              "static": ("`--ddp-static-graph`", ("--ddp-static-graph",))}
+    rows += [Row("scaling", f"v4_compile_ddp2_{name}", "scaling", f"V4 compiled, DDP x2, {words}", "v4",
+                 (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_1gpu")
+             for name, (words, flags) in levers.items()]
     return rows
 
 
