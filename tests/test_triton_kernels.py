@@ -186,7 +186,8 @@ def test_rms_norm_can_write_the_autocast_dtype():
 SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BLOCK_M=32, BLOCK_N=16),
                 "attn_bwd_dkdv": dict(BLOCK_M=16, BLOCK_N=32), "rmsnorm_fwd": dict(BLOCK_ROWS=4),
                 "rmsnorm_bwd": dict(BLOCK_ROWS=1), "rope": dict(num_warps=1),
-                "swiglu_fwd": dict(num_warps=2), "swiglu_bwd": dict(num_warps=8)}
+                "swiglu_fwd": dict(num_warps=2), "swiglu_bwd": dict(num_warps=8),
+                "cross_entropy": dict(num_warps=2)}
 
 
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
@@ -526,4 +527,4 @@ def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     for row in result["rmsnorm"] + result["attention"]:
         assert {"fwd_bwd_extra_ms", "fwd_bwd_host_ms", "fwd_bwd_graph_ms",
                 "fwd_bwd_graph_error"} <= row.keys()
-    assert set(tk.KERNEL_NAMES) - {"rope"} <= set(result["kernel_configs"])  # RoPE: not benched
+    assert set(tk.KERNEL_NAMES) - {"rope", "cross_entropy"} <= set(result["kernel_configs"])  # not benched

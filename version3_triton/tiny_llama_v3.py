@@ -239,7 +239,8 @@ def forced_configs(run) -> dict:
     for name in tk.KERNEL_NAMES:
         config = tk.forced_config(name)
         if config is not None:
-            width = cfg.hidden_dim if name.startswith("rmsnorm") else cfg.head_dim
+            width = (cfg.hidden_dim if name.startswith("rmsnorm") else
+                     cfg.vocab_size if name == "cross_entropy" else cfg.head_dim)
             checked[name] = tk.check_config(name, config, width, run.bytes_per_value)
     return checked
 

@@ -12,6 +12,8 @@
                         kernels write in one piece (no new kernel)
     swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient
                         written in one piece
+    linear_cross_entropy.py  the output layer and the loss a chunk of rows at a time:
+                        the (rows, vocab) logits never exist whole
     configs.py          the launch configurations per target: the candidate lists,
                         the autotuner's prune, the forced-config hook
     common.py           what they share: the launch and the operator registration
@@ -27,6 +29,7 @@ from .common import (INTERPRET, backend, chosen_configs, current_target,  # noqa
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
                       check_config, forced_config)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
+from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .qkv_attention import qkv_attention  # noqa: F401
 from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401
                       rms_norm, rmsnorm_backward, rmsnorm_forward)

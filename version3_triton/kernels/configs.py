@@ -38,7 +38,7 @@ from . import target as gpu  # the target facts: gpu.backend(), gpu.current_targ
 from .target import Target
 
 KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
-                "swiglu_fwd", "swiglu_bwd")
+                "swiglu_fwd", "swiglu_bwd", "cross_entropy")
 FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over everything
 AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 
@@ -285,7 +285,8 @@ class KernelSpec:
     rule: Optional[Callable[[Target, int], dict]] = None  # the one config of a memory-bound kernel
 
 
-SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, attention_tiles.py, swiglu.py
+SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, attention_tiles.py, swiglu.py,
+#                                    linear_cross_entropy.py
 
 
 def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int,
