@@ -59,6 +59,9 @@ class Implementation:
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
+    # logits: the whole (rows, vocab) logits, their fp32 copy and gradient exist; chunked:
+    # the loss and both gradients come a chunk of rows at a time (V3's linear_cross_entropy)
+    loss: str = "logits"
 
     def describe(self) -> str:
         fused = [n for n in ("qkv", "gate_up", "norm", "swiglu") if getattr(self, f"fused_{n}")]
@@ -171,10 +174,18 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
 
 
 def head_activations(sh: Shape, impl: Implementation) -> dict:
-    n, v = sh.n, sh.cfg.vocab_size
-    return {"final norm input (fp32)": n * sh.cfg.hidden_dim * 4, **_norm(sh, impl, "final norm"),
-            **_linear_inputs(sh, 1, "lm_head"), "log-softmax of logits (fp32)": n * v * 4,
-            "token ids (int64, inputs + targets)": 2 * n * 8}
+    n, v, d = sh.n, sh.cfg.vocab_size, sh.cfg.hidden_dim
+    out = {"final norm input (fp32)": n * d * 4, **_norm(sh, impl, "final norm"),
+           "token ids (int64, inputs + targets)": 2 * n * 8}
+    if impl.loss == "chunked":  # forward leaves the gradients of h and of lm_head's weight
+        return {**out, "d h of the loss (compute dtype)": n * d * sh.a,
+                "d lm_head weight of the loss (fp32)": v * d * 4}
+    return {**out, **_linear_inputs(sh, 1, "lm_head"), "log-softmax of logits (fp32)": n * v * 4}
+
+
+def loss_chunk_rows(sh: Shape) -> int:
+    """Rows per chunk of V3's linear_cross_entropy (its own rule, repeated here)."""
+    return max(1, min(sh.n, 2 ** 26 // max(sh.cfg.vocab_size, 1)))
 
 
 def persistent(sh: Shape, impl: Implementation) -> dict:
@@ -241,6 +252,9 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
     # Transients at each moment (docs/ANALYSIS.md follows the allocations and frees).
     ce_forward = nv * a + (nv * 4 if a != 4 else 0)      # logits and their fp32 copy
     ce_backward = 2 * nv * 4                             # d(log-softmax) and d(logits), fp32
+    if impl.loss == "chunked":  # one chunk's logits; backward scales the saved gradients
+        ce_forward = loss_chunk_rows(sh) * c.vocab_size * a
+        ce_backward = nd * a + c.hidden_dim * c.vocab_size * 4
     if impl.attention == "explicit":
         # masked scores alive next to the softmax output (+ V1's fp32 copy of them);
         # in backward dP (fp32) and dS around the softmax (fp32 if its input was)

@@ -146,6 +146,9 @@ V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     "--no-triton-swiglu": {}, "--rope-in-attention": {},  # V2's fused silu_mul saves the same
     # without the one gate+up GEMM the SwiGLU kernel cannot run: V2's fused silu_mul does
     "--no-fused-gate-up --no-fused-swiglu": dict(fused_gate_up=False, fused_swiglu=False),
+    "--fused-linear-ce": dict(loss="chunked"),
+    # the loss in forward needs the norm kernel that adds the residual: off with it
+    "--fused-linear-ce --no-fused-residual-norm": {},
 }
 
 
@@ -168,6 +171,22 @@ def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
         M.implementation_for(version, _options(version))  # every recorded option is declared
     with pytest.raises(M.AnalysisError, match="declares no switch fused_everything"):
         M.implementation_for("v3", {"fused_everything": True})
+
+
+def test_the_chunked_loss_is_predicted_without_the_whole_logits():
+    """--fused-linear-ce at the large preset: the logits' transients shrink from the whole
+    (rows, vocab) in bf16 and fp32 to one chunk, and the rule for a chunk is the kernel's."""
+    import importlib
+    from harness.config import PRESETS
+    lce = pytest.importorskip("version3_triton.kernels") and importlib.import_module(
+        "version3_triton.kernels.linear_cross_entropy")
+    cfg = PRESETS["large"].model
+    sh = M.Shape(cfg, 8, 1024, "bf16")
+    assert M.loss_chunk_rows(sh) == lce._chunk_rows(sh.n, cfg.vocab_size)
+    whole = M.predict(cfg, 8, 1024, "bf16", M.Implementation(attention="flash"))
+    chunked = M.predict(cfg, 8, 1024, "bf16", M.Implementation(attention="flash", loss="chunked"))
+    logits_fp32 = 8 * 1024 * cfg.vocab_size * 4
+    assert whole.peak_bytes - chunked.peak_bytes > logits_fp32, (whole.moment, chunked.moment)
 
 
 def test_v3_without_its_attention_kernels_is_predicted_with_the_scores():

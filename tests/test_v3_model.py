@@ -103,6 +103,26 @@ def test_every_switch_keeps_the_maths(options):
     assert all(err <= 1e-5 * scale[n] for n, err in errors(got, want).items())
 
 
+def test_fused_linear_ce_gives_the_loss_and_gradients_of_the_logits_path():
+    """--fused-linear-ce: forward(ids, targets) returns the mean loss the harness computes from
+    the logits, and every parameter gets the same gradient - lm_head's too, tied to the
+    embedding here, so both of its gradients add up in one tensor."""
+    reference, model = v1_and_v3(config(tied=True), fused_linear_ce=True)
+    assert model.loss_in_forward
+    g = torch.Generator().manual_seed(1)
+    ids, targets = (torch.randint(0, VOCAB, (2, 13), generator=g).to(DEVICE) for _ in "it")
+    logits, want = logits_and_grads(reference, ids, targets)
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, targets)
+    loss.backward()
+    got = model.to_v1_layout({n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)),
+                               rtol=1e-5, atol=1e-6)
+    scale = scales(want)
+    assert all(err <= 1e-5 * scale[n] for n, err in errors(got, want).items())
+    torch.testing.assert_close(model(ids), logits, rtol=1e-5, atol=1e-5)  # no targets: logits
+
+
 def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
     """Eager V3 calls its kernels' launchers directly, which FlopCounterMode cannot see;
     inside `model.flop_counting()` (what `--profile flopcounter` enters) the same calls
@@ -156,6 +176,23 @@ def test_gpu_autocast_error_within_2x_of_v1s_own(dtype):
     exact, ours = results(reference, model, 4, 100, dtype)
     _, theirs = results(reference, reference, 4, 100, dtype)
     assert_within_2x(exact, ours, theirs, "V3", "V1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [[], ["--compile", "--compile-mode", "reduce-overhead"]],
+                         ids=["eager", "graphs"])
+def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
+    """bf16, eager and compiled with graphs (the loss runs outside the compiled graph): the
+    same losses as the default run within bf16's rounding, and every gradient flows."""
+    def run(*flags):
+        out = tmp_path / f"run{len(flags)}.json"
+        proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--precision", "bf16", "--num-steps", "6",
+                        "--warmup-steps", "2", "--quiet", "--output", out, *mode, *flags])
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(out.read_text())
+    plain, fused = run(), run("--fused-linear-ce")
+    assert fused["options"]["fused_linear_ce"] and fused["gradient_guard"]["passed"]
+    assert fused["losses"] == pytest.approx(plain["losses"], rel=2e-2)
 
 
 def assert_within_2x(exact: dict, ours: dict, theirs: dict, we: str, they: str) -> None:
@@ -235,5 +272,5 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
     defaults = {**dict.fromkeys(("fused_qkv", "fused_gate_up", "fused_rmsnorm", "fused_swiglu",
                                  "triton_rmsnorm", "triton_attention", "triton_rope",
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
-                "rope_in_attention": False}
+                "rope_in_attention": False, "fused_linear_ce": False}
     assert v3.SPEC.options(args) == {**defaults, **settled}

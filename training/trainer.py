@@ -233,8 +233,14 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     checked_params = 0
     measure.reset_peak_memory(device)
 
+    # A model with loss_in_forward (V3's --fused-linear-ce) takes the targets and returns
+    # the mean loss itself, so that its whole logits never need to exist.
+    loss_in_forward = getattr(base_model, "loss_in_forward", False)
+
     def loss_of(inputs, targets):
         with autocast_for(precision, device):
+            if loss_in_forward:
+                return train_model(inputs, targets)
             logits = train_model(inputs)
         return torch.nn.functional.cross_entropy(
             logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

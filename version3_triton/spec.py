@@ -27,6 +27,10 @@ KERNELS = (
     Switch("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
            "output, its gradient written whole", off=FALLS_BACK, needs=("fused_gate_up",),
            memory={True: {"fused_swiglu": True}}),
+    # the loss in forward, a chunk of rows at a time: no whole logits, no fp32 copy of them
+    Switch("fused_linear_ce", "the output layer and the loss computed together a chunk of rows "
+           "at a time (kernels/linear_cross_entropy.py): the whole logits never exist",
+           default=False, needs=("fused_residual_norm",), memory={True: {"loss": "chunked"}}),
     # launch configurations forced through the environment: recorded, they change nothing
     Switch("kernel_configs", "forced launch configurations", default=None, flag=False, memory={}),
 )

@@ -94,6 +94,7 @@ class Kernels:
     fused_residual_norm: bool
     fused_qkv_grad: bool
     triton_swiglu: bool
+    fused_linear_ce: bool
 
     @property
     def any_kernel(self) -> bool:
@@ -177,12 +178,15 @@ class ResidualNormBlock(v2.Block):
 
 class ResidualNormLlama(v2.TinyLlama):
     """V2's model (same modules, same parameter names) built of ResidualNormBlocks;
-    the final norm adds the last block's output."""
+    the final norm adds the last block's output. With --fused-linear-ce, forward(ids,
+    targets) returns the mean loss, computed with the output layer a chunk of rows at a
+    time (the harness passes the targets to a model with loss_in_forward set)."""
 
-    def __init__(self, *args, **parts):
+    def __init__(self, *args, fused_linear_ce: bool = False, **parts):
         super().__init__(*args, **{**parts, "block": ResidualNormBlock})
+        self.loss_in_forward = fused_linear_ce
 
-    def forward(self, ids):
+    def forward(self, ids, targets=None):
         T = ids.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
@@ -190,7 +194,14 @@ class ResidualNormLlama(v2.TinyLlama):
         x, delta = self.embed(ids), None
         for block in self.layers:
             x, delta = block(x, delta, cos, sin)
-        return self.lm_head(self.norm.add_and_norm(x, delta)[1])
+        h = self.norm.add_and_norm(x, delta)[1]
+        if targets is not None and self.loss_in_forward:
+            return _chunked_loss(h, self.lm_head.weight, targets)
+        return self.lm_head(h)
+
+
+# The chunk loop runs in Python: torch.compile leaves it out of its graph and it runs eagerly.
+_chunked_loss = torch.compiler.disable(tk.linear_cross_entropy) if tk is not None else None
 
 
 def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
@@ -209,9 +220,11 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
     def norm(dim, eps, fused):  # the Triton norm has V2's `weight`: V1's weights load
         return TritonRMSNorm(dim, eps) if kernels.triton_rmsnorm else v2.RMSNorm(dim, eps, fused)
 
-    llama = ResidualNormLlama if kernels.fused_residual_norm else v2.TinyLlama
-    model = llama(config, fusions, attention=attention, norm=norm,
-                  mlp=TritonSwiGLU if kernels.triton_swiglu else v2.SwiGLU)
+    parts = dict(attention=attention, norm=norm, mlp=TritonSwiGLU if kernels.triton_swiglu else v2.SwiGLU)
+    if kernels.fused_residual_norm:
+        model = ResidualNormLlama(config, fusions, fused_linear_ce=kernels.fused_linear_ce, **parts)
+    else:
+        model = v2.TinyLlama(config, fusions, **parts)
     if any_kernel:
         # `with model.flop_counting():` routes the kernels' eager calls through their
         # torch.library operators, the only calls FlopCounterMode sees (it counts
