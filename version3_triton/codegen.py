@@ -7,7 +7,8 @@
 For each target (MI50 gfx906, MI100 gfx908, MI200 gfx90a, MI300X gfx942, MI350
 gfx950; NVIDIA sm_80 and sm_90 as the cross-check), each kernel (RMSNorm forward
 and backward, plain and with the residual add as add_rmsnorm_*, RoPE, attention
-forward, backward dK/dV, backward dQ), dtype and
+forward, backward dK/dV, backward dQ, SwiGLU forward and backward, the cross-entropy of
+--fused-linear-ce), dtype and
 head size, it compiles every launch configuration the chooser can pick on that
 target (`configs.candidates`: the rule's config, or the candidates that fit in
 shared memory) with `triton.compile(ASTSource(...), target=GPUTarget(...))`, and
@@ -52,12 +53,13 @@ AMD_TARGETS = ("gfx906", "gfx908", "gfx90a", "gfx942", "gfx950")
 NVIDIA_TARGETS = ("sm_80", "sm_90")
 TARGETS = AMD_TARGETS + NVIDIA_TARGETS
 KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "rope", "attn_fwd",
-           "attn_bwd_dkdv", "attn_bwd_dq", "swiglu_fwd", "swiglu_bwd")
+           "attn_bwd_dkdv", "attn_bwd_dq", "swiglu_fwd", "swiglu_bwd", "cross_entropy")
 # add_rmsnorm_*: the RMSNorm kernels with the residual add switched on (constexprs), as
 # V3's --fused-residual-norm runs them; same kernels, same launch rule.
 NORM_SPEC = {"add_rmsnorm_fwd": "rmsnorm_fwd", "add_rmsnorm_bwd": "rmsnorm_bwd"}
 HIDDEN, ROPE_HEADS, FFN = 1024, 32, 2816  # the medium preset: RMSNorm rows, q + k heads per
 # position, the MLP's width (SwiGLU's columns)
+VOCAB_BLOCK = 4096  # cross-entropy's column block at a 32k vocabulary (the large preset)
 MATRIX = re.compile(r"\b(v_mfma\w*|v_wmma\w*|wgmma\.\w+|mma\.sync\.\w+)")
 # AMD register file per SIMD lane and the most waves one SIMD holds: MI200/MI300/MI350
 # have 512 (VGPRs and AGPRs together) and 8 waves; MI50/MI100 256 VGPRs and 10 waves.
@@ -88,11 +90,13 @@ def kernel_fn(kernel: str):
                     "attn_bwd_dkdv": ("flash_attention_backward", "_attn_bwd_dkdv_kernel"),
                     "attn_bwd_dq": ("flash_attention_backward", "_attn_bwd_dq_kernel"),
                     "swiglu_fwd": ("swiglu", "_swiglu_fwd_kernel"),
-                    "swiglu_bwd": ("swiglu", "_swiglu_bwd_kernel")}[kernel]
+                    "swiglu_bwd": ("swiglu", "_swiglu_bwd_kernel"),
+                    "cross_entropy": ("linear_cross_entropy", "_cross_entropy_kernel")}[kernel]
     return getattr(importlib.import_module(f"version3_triton.kernels.{module}"), name)
 
 
-FP32_POINTERS = {"W", "RSTD", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN"}
+FP32_POINTERS = {"W", "RSTD", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN", "LOSSES"}
+INT64_POINTERS = {"TARGETS"}  # token ids
 # With the residual add, the norm's input x, its sum h and their gradients are the fp32
 # residual stream; delta (a GEMM's output), y and their gradients are in `dtype`.
 RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "RSTD", "DW_PARTIAL"}
@@ -110,8 +114,9 @@ def signature(fn, dtype: str, constexprs: dict, fp32: set = FP32_POINTERS) -> di
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.isupper() and name != "N_CTX":  # tensors are the upper-case names
-            sig[name] = "*fp32" if name in fp32 else f"*{dtype}"
-        elif name in ("eps", "qk_scale", "sm_scale"):
+            sig[name] = ("*i64" if name in INT64_POINTERS else "*fp32" if name in fp32
+                         else f"*{dtype}")
+        elif name in ("eps", "qk_scale", "sm_scale", "grad_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -126,7 +131,8 @@ def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
         target = target_of(name)
         for kernel in kernels:
             spec = configs.SPECS[NORM_SPEC.get(kernel, kernel)]
-            widths = [HIDDEN] if "rmsnorm" in kernel else [FFN] if "swiglu" in kernel else head_dims
+            widths = ([HIDDEN] if "rmsnorm" in kernel else [FFN] if "swiglu" in kernel
+                      else [VOCAB_BLOCK] if kernel == "cross_entropy" else head_dims)
             for dtype in dtypes:
                 for width in widths:
                     # attention: plain, and rotating q and k on load (its own candidates)
@@ -156,6 +162,8 @@ def constexprs_for(job: dict) -> dict:
     if kernel.startswith("swiglu"):
         from version3_triton.kernels.swiglu import _block
         return dict(BLOCK=_block(width))
+    if kernel == "cross_entropy":
+        return dict(BLOCK_V=width)
     if kernel == "rope":
         return dict(INVERSE=False, HALF=width // 2, BLOCK_H=common.next_power_of_2(ROPE_HEADS),
                     BLOCK_HALF=common.next_power_of_2(width // 2))
