@@ -169,6 +169,7 @@ def test_failing_compile_is_one_line_exit_2(tmp_path):
     assert "run without --compile" in lines[0] and not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow  # four runs in subprocesses: make test-slow (reproduce --quick also runs it)
 def test_compare_versions_runs_on_cpu(tmp_path, capsys):
     """The benchmark script end to end on the tiny preset (eager only: seconds). Memory held
     before a run (here by the comparing process) is not counted in its peak, and the same
