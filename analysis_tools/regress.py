@@ -55,7 +55,7 @@ def row_key(r: dict) -> tuple:
 # What a data-parallel run chose beyond its world size (DDP's or FSDP2's knobs): two rows of one
 # model and batch on 2 GPUs, one with a lever switched back, are two rows.
 PARALLEL_KNOBS = ("kind", "bucket_cap_mb", "comm_hook", "compile_ddp", "static_graph",
-                  "comm_priority", "reshard_after_forward")
+                  "comm_priority", "reshard_after_forward", "param_dtype")
 
 
 def parallel_key(r: dict) -> tuple:

@@ -51,7 +51,9 @@ def variant(result: dict) -> str:
     d = result.get("distributed") or {}
     if d.get("kind") == "fsdp2":
         keep = not d.get("reshard_after_forward", True)
-        return ", ".join(["keep weights fwd->bwd" if keep else "reshard after fwd", *_priority(d)])
+        dtype = [f"{d['param_dtype']} parameters"] if d.get("param_dtype", "fp32") != "fp32" else []
+        return ", ".join(["keep weights fwd->bwd" if keep else "reshard after fwd", *dtype,
+                          *_priority(d)])
     if d.get("kind") != "ddp":
         return ""
     parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]

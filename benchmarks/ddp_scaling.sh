@@ -20,6 +20,7 @@
 #                                              taken from the backward it overlaps; nch4 ...)
 #   fsdp        --fsdp                        (FSDP2 instead of DDP)
 #   noreshard   --fsdp --fsdp-reshard-after-forward false
+#   bf16params  --fsdp --fsdp-param-dtype bf16
 #   a+b         both, e.g. bf16+bucket100
 # PROFILE=1 then runs the first variant once more under the PyTorch profiler and
 # prints how much of the NCCL kernel time overlapped compute (python -m
@@ -71,8 +72,9 @@ variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unkno
             nch[0-9]*) ;;  # an environment variable: see variant_env
             fsdp) flags+=(--fsdp) ;;
             noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
+            bf16params) flags+=(--fsdp --fsdp-param-dtype bf16) ;;
             *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
-                    "whole static normalprio nchN fsdp noreshard, joined with +)" >&2
+                    "whole static normalprio nchN fsdp noreshard bf16params, joined with +)" >&2
                return 2 ;;
         esac
     done

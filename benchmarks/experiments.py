@@ -127,13 +127,17 @@ def _scaling() -> list[Row]:
              Row("scaling", "v4_best_ddp2_normal_priority", "scaling",
                  "V4 graphs + master weights, DDP x2, `--comm-priority normal`", "v4",
                  (*BF16, *GRAPHS, "--comm-priority", "normal"), gpus=2, baseline="v4_best_1gpu")]
-    levers = {"bucket200": ("`--ddp-bucket-mb 200`", ("--ddp-bucket-mb", "200")),
-              "whole": ("`--compile-ddp whole`", ("--compile-ddp", "whole")),
-              "bf16_allreduce": ("`--ddp-comm-hook bf16`", ("--ddp-comm-hook", "bf16")),
-              "static": ("`--ddp-static-graph`", ("--ddp-static-graph",))}
-    rows += [Row("scaling", f"v4_compile_ddp2_{name}", "scaling", f"V4 compiled, DDP x2, {words}", "v4",
+    levers = {  # name: (label, flags), each on V4 compiled x2
+        "ddp2_bucket200": ("DDP x2, `--ddp-bucket-mb 200`", ("--ddp-bucket-mb", "200")),
+        "ddp2_whole": ("DDP x2, `--compile-ddp whole`", ("--compile-ddp", "whole")),
+        "ddp2_bf16_allreduce": ("DDP x2, `--ddp-comm-hook bf16`", ("--ddp-comm-hook", "bf16")),
+        "ddp2_static": ("DDP x2, `--ddp-static-graph`", ("--ddp-static-graph",)),
+        "fsdp2_keep": ("FSDP2 x2, `--fsdp-reshard-after-forward false`",
+                       ("--fsdp", "--fsdp-reshard-after-forward", "false")),
+        "fsdp2_bf16": ("FSDP2 x2, `--fsdp-param-dtype bf16`", ("--fsdp", "--fsdp-param-dtype", "bf16"))}
+    rows += [Row("scaling", f"v4_compile_{name}", "scaling", f"V4 compiled, {label}", "v4",
                  (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_1gpu")
-             for name, (words, flags) in levers.items()]
+             for name, (label, flags) in levers.items()]
     return rows
 
 

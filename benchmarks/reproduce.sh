@@ -2,7 +2,7 @@
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
 #   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
-#                                                 # (scaling, on 2+ GPUs only: about 22 more)
+#                                                 # (scaling, on 2+ GPUs only: about 24 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -70,7 +70,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
-        scaling)        echo "~22 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, DDP's levers; skipped below 2 GPUs" ;;
+        scaling)        echo "~24 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers; skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;

@@ -224,6 +224,7 @@ class RunSettings:
     compile_ddp: str = "split"
     ddp_static_graph: bool = False
     fsdp_reshard_after_forward: bool = True
+    fsdp_param_dtype: str = "fp32"
     comm_priority: str = "high"
     command: str = ""
     options: dict = field(default_factory=dict)

@@ -90,7 +90,7 @@ def test_missing_fsdp2_is_a_usage_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)
     monkeypatch.setitem(sys.modules, "torch.distributed._composable.fsdp", None)
     with pytest.raises(UsageError, match="FSDP2"):
-        parallel.find_fully_shard()
+        parallel.find_fsdp("fully_shard")
 
 
 def test_fsdp_without_torchrun_exits_2_with_one_line():
@@ -282,6 +282,7 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
             d.fsdp_reshard_after_forward, d.comm_priority) == (25.0, "none", "split", False, True, "high")
     for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
                  ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"],
+                 ["--fsdp-param-dtype", "fp16"],
                  ["--comm-priority", "urgent"]):
         with pytest.raises(UsageError, match=argv[0]):
             parse(*argv)
@@ -411,6 +412,20 @@ def test_fsdp_reshard_after_forward_reaches_every_block(group_of_one, reshard):
     assert ctx.extra["reshard_after_forward"] is reshard and "comm_hook" not in ctx.extra
 
 
+def test_fsdp_bf16_parameters_reach_every_unit_and_keep_fp32_shards(group_of_one):
+    """--fsdp-param-dtype bf16: every fully_shard call gets a MixedPrecisionPolicy computing in
+    bf16 and reducing in fp32; the sharded weights and their gradients stay fp32."""
+    ctx = group_of_one(fsdp=True, fsdp_param_dtype="bf16")
+    real, seen = ctx.fully_shard, []
+    ctx.fully_shard = lambda module, **kw: (seen.append(kw.get("mp_policy")), real(module, **kw))[1]
+    model = ctx.wrap(TwoLayers(), None)
+    assert len(seen) == 3 and all(p.param_dtype == torch.bfloat16 and p.reduce_dtype == torch.float32
+                                  for p in seen)
+    model(torch.randn(3, 4)).float().sum().backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert ctx.extra["param_dtype"] == "bf16"
+
+
 def test_scaling_table_names_each_variant():
     single = fake_result(1, 1000.0, 10.0)
     runs = []
@@ -423,7 +438,8 @@ def test_scaling_table_names_each_variant():
         run["run"]["compile"] = True
     fsdp = fake_result(2, 1500.0, 13.0)
     fsdp["run"]["parallel"] = "fsdp2"
-    fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False, "comm_priority": "high"}
+    fsdp["distributed"] = {"kind": "fsdp2", "reshard_after_forward": False, "comm_priority": "high",
+                           "param_dtype": "bf16"}
     rows = [scaling.scaling(single, r) for r in runs]
     assert [r["variant"] for r in rows] == [
         "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
@@ -434,7 +450,7 @@ def test_scaling_table_names_each_variant():
     table = scaling.format_scaling(single, [scaling.scaling(single, r)
                                                 for r in (*runs, fsdp)])
     assert "eager" in table.splitlines()[0]
-    assert "bucket 100 MB, bf16 all-reduce  " in table and "keep weights fwd->bwd" in table
+    assert "bucket 100 MB, bf16 all-reduce  " in table and "keep weights fwd->bwd, bf16 parameters" in table
     runs[0]["run"]["compile"] = True
     with pytest.raises(UsageError, match="compile"):
         scaling.scaling(single, runs[0])

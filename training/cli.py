@@ -93,6 +93,11 @@ def build_parser(version: str, description: str, add_arguments=None,
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
+    t.add_argument("--fsdp-param-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="FSDP2: the dtype blocks' weights are gathered and computed in (bf16: "
+                        "MixedPrecisionPolicy, half the all-gather bytes; gradients still "
+                        "reduced in fp32 into fp32 shards; every weight, norms' included, "
+                        "rounded to bf16, which changes the numerics slightly)")
 
     t.add_argument("--comm-priority", choices=("normal", "high"), default="high",
                    help="under torchrun on a GPU: the priority of the stream NCCL/RCCL "
@@ -189,7 +194,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
         compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
-        comm_priority=args.comm_priority,
+        comm_priority=args.comm_priority, fsdp_param_dtype=args.fsdp_param_dtype,
         command=" ".join(["python", sys.argv[0], *argv]))
 
 

@@ -53,7 +53,8 @@ BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm 
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
              "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
-FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward"}
+FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward",
+              "fsdp_param_dtype": "--fsdp-param-dtype"}
 SHARED_KNOBS = {"comm_priority": "--comm-priority"}  # both wrappers read it
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSettings)}
 ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded with the results
@@ -125,7 +126,7 @@ def setup(settings):
 
     if not dist.is_available():
         raise UsageError("this PyTorch build has no torch.distributed: run without torchrun")
-    fully_shard = find_fully_shard() if settings.fsdp else None  # fail before joining
+    fully_shard = find_fsdp("fully_shard") if settings.fsdp else None  # fail before joining
     device = dev.resolve_device(settings.device)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -149,17 +150,18 @@ def setup(settings):
     return DataParallel(settings, device, backend, fully_shard)
 
 
-def find_fully_shard():
-    """FSDP2's entry point: public since torch 2.6, under _composable in 2.4-2.5."""
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:
+def find_fsdp(name: str):
+    """A name of FSDP2 (fully_shard, MixedPrecisionPolicy): public since torch 2.6, under
+    _composable in 2.4-2.5."""
+    import importlib
+
+    for module in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
         try:
-            from torch.distributed._composable.fsdp import fully_shard
-        except ImportError:
-            raise UsageError(f"--fsdp needs FSDP2 (fully_shard, torch >= 2.4); torch "
-                             f"{torch.__version__} lacks it: run without --fsdp for DDP") from None
-    return fully_shard
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise UsageError(f"--fsdp needs FSDP2 ({name}, torch >= 2.4); torch "
+                     f"{torch.__version__} lacks it: run without --fsdp for DDP")
 
 
 class DataParallel(SingleProcess):
@@ -175,6 +177,7 @@ class DataParallel(SingleProcess):
         self.static_graph = settings.ddp_static_graph
         self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
         self.reshard_after_forward = settings.fsdp_reshard_after_forward
+        self.param_dtype = settings.fsdp_param_dtype
         if self.is_main and self.compile_ddp is None and settings.compile_ddp != "split":
             print("note: --compile-ddp only acts with --compile; ignored", file=sys.stderr)
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
@@ -188,7 +191,8 @@ class DataParallel(SingleProcess):
             **({"bucket_cap_mb": self.bucket_mb, "comm_hook": self.comm_hook,
                 "compile_ddp": self.compile_ddp, "static_graph": self.static_graph}
                if self.kind == "ddp" else
-               {"reshard_after_forward": self.reshard_after_forward}),
+               {"reshard_after_forward": self.reshard_after_forward,
+                "param_dtype": self.param_dtype}),
             "comm_priority": settings.comm_priority,
             "nccl_version": _nccl_version() if backend == "nccl" else None,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
@@ -215,9 +219,17 @@ class DataParallel(SingleProcess):
         # and the next block's all-gather overlaps this block's compute.
         # reshard_after_forward=False keeps each block's gathered weights from
         # forward until its backward: one all-gather per block fewer, more memory.
+        # --fsdp-param-dtype bf16: the shards stay fp32 (the optimizer's weights), each
+        # all-gather sends and each block computes with bf16 copies, and the gradients are
+        # reduce-scattered in fp32.
+        mixed = {}
+        if self.param_dtype != "fp32":
+            mixed["mp_policy"] = find_fsdp("MixedPrecisionPolicy")(
+                param_dtype=PRECISIONS[self.param_dtype].dtype, reduce_dtype=torch.float32)
         for block in model.layers:
-            self.fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        self.fully_shard(model, mesh=mesh)  # the rest: embeddings, final norm, output head
+            self.fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                             **mixed)
+        self.fully_shard(model, mesh=mesh, **mixed)  # the rest: embeddings, final norm, output head
         return model
 
     def _wrap_ddp(self, model):
