@@ -324,7 +324,8 @@ run_step() {
 }
 
 # The steps' times on an H200 added up (rows done before are skipped, so less when resuming).
-expected=$(for s in "${STEPS_ASKED[@]}"; do describe_step "$s"; done \
+expected=$(for s in "${STEPS_ASKED[@]}"; do  # scaling is skipped below 2 GPUs
+               [ "$s" = scaling ] && [ "$NGPU" -lt 2 ] || describe_step "$s"; done \
            | awk '{sub(/^~/, "", $1); t += $1} END {printf "%.0f", t}')
 say "reproduce on $GPU ($DEVICE): steps ${STEPS_ASKED[*]}; rows in $W"
 [ $QUICK = 1 ] || say "expected: about $expected min on an H200 for these steps from scratch"

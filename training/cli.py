@@ -98,7 +98,6 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "MixedPrecisionPolicy, half the all-gather bytes; gradients still "
                         "reduced in fp32 into fp32 shards; every weight, norms' included, "
                         "rounded to bf16, which changes the numerics slightly)")
-
     t.add_argument("--comm-priority", choices=("normal", "high"), default="high",
                    help="under torchrun on a GPU: the priority of the stream NCCL/RCCL "
                         "communicates on; high = its kernels get SMs ahead of the backward "

@@ -95,14 +95,14 @@ def check_knobs(settings, under_torchrun: bool) -> None:
     multi-GPU run. Under torchrun, a knob the chosen wrapper never reads is
     almost certainly a mistake, so it stops the run (exit code 2).
     """
-    ddp_set = [flag for name, flag in DDP_KNOBS.items() if getattr(settings, name) != DEFAULTS[name]]
-    fsdp_set = [flag for name, flag in FSDP_KNOBS.items()
-                if getattr(settings, name) != DEFAULTS[name]]
+    def changed(knobs: dict) -> list[str]:  # the flags of the knobs set to other than the default
+        return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
+
+    ddp_set, fsdp_set = changed(DDP_KNOBS), changed(FSDP_KNOBS)
     if not under_torchrun:
-        shared_set = [flag for name, flag in SHARED_KNOBS.items()
-                      if getattr(settings, name) != DEFAULTS[name]]
-        if ddp_set or fsdp_set or shared_set:
-            print(f"note: {', '.join(ddp_set + fsdp_set + shared_set)} only act under torchrun; ignored in "
+        ignored = ddp_set + fsdp_set + changed(SHARED_KNOBS)
+        if ignored:
+            print(f"note: {', '.join(ignored)} only act under torchrun; ignored in "
                   f"this single-process run", file=sys.stderr)
         return
     wrong = ddp_set if settings.fsdp else fsdp_set
