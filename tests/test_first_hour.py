@@ -27,7 +27,7 @@ def test_the_runtime_install_brings_triton_and_ci_runs_the_workshop_first():
     assert "if ! \"$VPY\" -c 'import triton'" in install
     assert '[ "$extra" = "test" ] && ! "$VPY" -c \'import triton\'' not in install
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    steps = [line for line in ci if line.startswith("make ")]
+    steps = [line.split('" ', 1)[1] for line in ci if line.startswith("stage ")]  # stage "NAME" CMD
     assert steps == ['make workshop ARGS="--quick"', "make test", "make test-slow"]
 
 
