@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -181,6 +182,33 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert {r["version"] for r in summary["compare"]["large"]["rows"]} == {"v1", "v4"}
     assert "compare_large.json" in summary["files"]
+
+
+@pytest.mark.slow  # a training row started and stopped: ~15 s
+def test_a_stopped_reproduce_stops_its_run(tmp_path):
+    """TERM to reproduce (a time limit) while a row trains: reproduce exits 143 and the row's
+    run goes with it, instead of running on beside whatever starts next."""
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable, "STEPS": "100000"}
+    proc = subprocess.Popen(["bash", "benchmarks/reproduce.sh", "--quick", "levers"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    row = str(tmp_path / "reproduce" / "cpu-quick" / "levers" / "prec_fp32.json")
+
+    def running() -> str:  # the pids of processes whose command line names the row's JSON
+        return subprocess.run(["pgrep", "-f", row], capture_output=True, text=True).stdout
+
+    deadline = time.monotonic() + 120
+    while not running():  # the row's run has started
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    time.sleep(2)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143
+    for _ in range(20):  # the signal passes through timeout to the run
+        left = running()
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"the row's run is still running: pids {left.split()}"
 
 
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
