@@ -102,12 +102,13 @@ if [ $QUICK = 1 ]; then
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
 else
     DEVICE=cuda; MEDIUM=medium; SMALL=small; LARGE=large; STEPS=${STEPS:-30}; WARMUP=${WARMUP:-10}; REPEATS=${REPEATS:-1}
-    if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    NGPU=$($PY -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' \
+           2>/dev/null || echo 0)
+    if [ "$NGPU" -lt 1 ]; then
         echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
         exit 2
     fi
     GPU=${GPU:-$($PY -c 'from tools.publish import gpu_slug; print(gpu_slug())')}
-    NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())')
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
 fi
 RESULTS=${RESULTS:-results}

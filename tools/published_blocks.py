@@ -27,12 +27,21 @@ def provenance(s: dict, part: str = "compare_medium") -> str:
             "the full header is in [docs/RESULTS.md](docs/RESULTS.md).")
 
 
+def _failure(r: dict) -> str:
+    """Why a row has no numbers: its exit code and last line, or that it was not run."""
+    return f"exit {r['exit_code']}: {r.get('error')}" if r.get("exit_code") else r.get("error", "not run")
+
+
+def _phases(r: dict) -> str:
+    return " / ".join(num(r.get(k), ".2f") for k in ("forward_ms", "backward_ms", "optimizer_ms"))
+
+
 def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "fwd / bwd / opt ms", "peak MB")) -> str:
     """A table of reproduce rows: (label, 'section/name') each."""
     getters = {
         "tok/s": lambda r: num(r.get("tokens_per_s")),
         "step ms": lambda r: num(r.get("step_ms"), ".2f"),
-        "fwd / bwd / opt ms": lambda r: " / ".join(num(r.get(k), ".2f") for k in ("forward_ms", "backward_ms", "optimizer_ms")),
+        "fwd / bwd / opt ms": _phases,
         "MFU": lambda r: pct(r.get("mfu")),
         "peak MB": lambda r: num(r.get("peak_mb")),
         "final loss": lambda r: num(r.get("final_loss"), ".4f"),
@@ -42,8 +51,7 @@ def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "f
     for label, key in rows:
         r = s["rows"].get(key, {"ok": False, "error": "not run"})
         if not r.get("ok"):
-            why = f"exit {r['exit_code']}: {r.get('error')}" if r.get("exit_code") else r.get("error", "not run")
-            out.append([label] + [why] + ["-"] * (len(cols) - 1))
+            out.append([label, _failure(r)] + ["-"] * (len(cols) - 1))
         else:
             out.append([label] + [getters[c](r) for c in cols])
     return table(["run", *cols], out)
@@ -59,15 +67,14 @@ def scaling_table(s: dict, block: str) -> str:
         if r is None:
             continue
         if not r.get("ok"):
-            out.append([label, f"exit {r.get('exit_code')}: {r.get('error')}", *["-"] * 5])
+            out.append([label, _failure(r), *["-"] * 5])
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
         n = r.get("world_size", 1)
         efficiency = (r["tokens_per_s"] / (n * one["tokens_per_s"])
                       if one.get("ok") and one.get("tokens_per_s") else None)
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
-                    num(r.get("step_ms"), ".2f"),
-                    " / ".join(num(r.get(k), ".2f") for k in ("forward_ms", "backward_ms", "optimizer_ms"))])
+                    num(r.get("step_ms"), ".2f"), _phases(r)])
         if n > 1 and not caption:
             caption = (f"Measured on {n} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
                        f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
