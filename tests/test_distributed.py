@@ -198,8 +198,8 @@ def test_scaling_efficiency():
 def torchrun(out_dir, *args, script=V1):
     out_dir.mkdir()
     cmd = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), script, *STEPS, "--batch-size", "4",
-           "--output", str(out_dir / "run.json"), *args]
+           str(free_port()), "--log-dir", str(out_dir.parent / "torchrun_logs"),  # not /tmp
+           script, *STEPS, "--batch-size", "4", "--output", str(out_dir / "run.json"), *args]
     proc = run_cli(cmd, env=clean_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
@@ -237,7 +237,8 @@ def test_two_nodes_meet_through_c10d_and_train_as_one_job(single_run, tmp_path):
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           "--rdzv-id", "tiny-llama-test", V1, *STEPS, "--batch-size", "4", "--output", str(out)]
+           "--rdzv-id", "tiny-llama-test", "--log-dir", str(tmp_path / "torchrun_logs"),
+           V1, *STEPS, "--batch-size", "4", "--output", str(out)]
     agents = [subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:

@@ -173,7 +173,8 @@ def test_failing_compile_is_one_line_exit_2(tmp_path):
 def test_compare_versions_runs_on_cpu(tmp_path, capsys):
     """The benchmark script end to end on the tiny preset (eager only: seconds). Memory held
     before a run (here by the comparing process) is not counted in its peak, and the same
-    pair measured twice reports the same peak within 2%."""
+    pair measured twice reports the same peak within 5% (on a CPU the peak is the process's
+    resident set, libraries and allocator caches included, which move by a few MB)."""
     leftover = torch.ones(200 * 2**20)  # 800 MB held by this process, as an earlier run's would be
     out = tmp_path / "compare.json"
     code = compare_versions().main(["--preset", "tiny", "--device", "cpu", "--versions", "v1,v4",
@@ -183,7 +184,7 @@ def test_compare_versions_runs_on_cpu(tmp_path, capsys):
     report = json.loads(out.read_text())
     for version in ("v1", "v4"):
         peaks = [r["peak_memory_mb"] for r in report["runs"] if r["version"] == version]
-        assert len(peaks) == 2 and max(peaks) <= 1.02 * min(peaks), (version, peaks)
+        assert len(peaks) == 2 and max(peaks) <= 1.05 * min(peaks), (version, peaks)
         assert max(peaks) < leftover.numel() * 4 / 2**20, (version, peaks)
     del leftover
     assert [(r["version"], r["mode"]) for r in report["summary"]] == [("v1", "eager"), ("v4", "eager")]
