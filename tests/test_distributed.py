@@ -195,13 +195,21 @@ def test_scaling_efficiency():
 
 
 # ---------------------------------------------------------------- torchrun, 2 CPU processes
+def failure(stderr: str) -> str:
+    """What a failed torchrun printed: the ranks' own messages come first, the agent's
+    summary (which names the rank and signal) last; keep both ends."""
+    return stderr if len(stderr) <= 4000 else f"{stderr[:2500]}\n[...]\n{stderr[-1500:]}"
+
+
 def torchrun(out_dir, *args, script=V1):
     out_dir.mkdir()
-    cmd = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), "--log-dir", str(out_dir.parent / "torchrun_logs"),  # not /tmp
-           script, *STEPS, "--batch-size", "4", "--output", str(out_dir / "run.json"), *args]
+    # --standalone: the rendezvous binds a port the OS picks as it binds (no port chosen
+    # ahead that a test running beside this one could take); the agent logs stay in tmp_path
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--log-dir", str(out_dir.parent / "torchrun_logs"), script,
+           *STEPS, "--batch-size", "4", "--output", str(out_dir / "run.json"), *args]
     proc = run_cli(cmd, env=clean_env(), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, failure(proc.stderr)
     return proc
 
 
@@ -246,7 +254,7 @@ def test_two_nodes_meet_through_c10d_and_train_as_one_job(single_run, tmp_path):
     finally:
         for agent in agents:
             agent.kill()
-    assert all(agent.returncode == 0 for agent in agents), [err[-1500:] for _, err in ends]
+    assert all(agent.returncode == 0 for agent in agents), [failure(err) for _, err in ends]
     assert sum(stdout.count("results:") for stdout, _ in ends) == 1
     result = json.loads(out.read_text())
     assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-5)
