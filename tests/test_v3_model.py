@@ -234,6 +234,17 @@ def test_loss_curve_follows_v1_and_gradient_guard_passes(tmp_path):
     assert forced["attn_fwd"]["BLOCK_N"] == 16 and "num_warps" in forced["attn_fwd"]
 
 
+@pytest.mark.slow  # torch.compile builds C++ on a CPU (~20 s): make test-slow
+def test_fused_linear_ce_under_compile_runs_the_loss_outside_the_graph(tmp_path):
+    """--fused-linear-ce --compile: the compiled model hands the final norm's output to the
+    chunked loss, which runs eagerly outside the graph; the losses are the eager default
+    run's and every gradient flows."""
+    plain = train(tmp_path, "v3")
+    fused = train(tmp_path, "v3", "--fused-linear-ce", "--compile")
+    assert fused["options"]["fused_linear_ce"] and fused["gradient_guard"]["passed"]
+    assert fused["losses"] == pytest.approx(plain["losses"], rel=1e-4)
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--device", "cpu", "--precision", "bf16"], {}, "cannot run bf16 attention"),
     ([], {"V3_ATTN_BWD_DQ_CONFIG": "BLOCK_M=huge"}, "V3_ATTN_BWD_DQ_CONFIG: bad item"),
