@@ -19,8 +19,6 @@ randn * 0.02 like the model's weights).
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from harness import flops  # noqa: E402
 from harness.config import PRECISIONS, parse_precisions  # noqa: E402
 from harness.errors import UsageError, WorkshopError  # noqa: E402
 from harness.measure import median_ms  # noqa: E402
+from harness.results import now, write_json  # noqa: E402
 from harness.probes import (CALLS_PER_SAMPLE, MATMUL_SHAPES, STABLE_PERCENT,  # noqa: E402,F401
                             matmul_probe, measure_copy_gbs, measure_matmul_tflops, spread_percent)
 
@@ -63,7 +62,7 @@ def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dic
     desc = dev.describe(device)
     found = flops.lookup_peak(desc["name"], desc["arch"])
     return {
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": now(),
         "device": desc,
         "method": "median of device-event timings after warm-up: the best of several GEMM shapes "
                   "(harness.probes.MATMUL_SHAPES, 2*m*k*n FLOPs; compare MFU against the "
@@ -75,10 +74,7 @@ def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dic
 
 
 def write_ceilings(data: dict, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
+    return write_json(path, data)  # never a half-written file
 
 
 # ---------------------------------------------------------------- GEMM shapes

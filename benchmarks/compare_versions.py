@@ -35,7 +35,6 @@ keeps the run's complete results dict under "result", so
 """
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import statistics
@@ -442,7 +441,7 @@ def compare(args) -> dict:
     ceiling = probe["tflops"]
     if not previous:
         report = {"schema": "compare_versions/1",
-                  "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  "created": run_results.now(),
                   "command": " ".join(["python", "benchmarks/compare_versions.py", *sys.argv[1:]]),
                   "git_commit": run_results.git_commit(), "device": describe(device),
                   "preset": preset, "precision": precision, "config": p.model.to_dict(),
@@ -474,7 +473,7 @@ def compare(args) -> dict:
                 report["runs"].append(row)
                 summary = Summary(report["runs"], ceiling)
                 report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
-                _write_json(output, report)
+                run_results.write_json(output, report, indent=1)
     # The ceiling again, after the runs: a target is judged on it only if it held still.
     again = probes.matmul_probe(device, precision)
     spread = probes.spread_percent(ceiling, again["tflops"])
@@ -483,11 +482,11 @@ def compare(args) -> dict:
     summary = Summary(report["runs"], report["ceiling"]["matmul_tflops"], spread)
     report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
     if args.sdpa_sweep and (available("v4") is None):
-        _write_json(output, report)  # still incomplete: the sweep is to come
+        run_results.write_json(output, report, indent=1)  # still incomplete: the sweep is to come
         dtype = PRECISIONS[precision].dtype
         report["sdpa_sweep"] = sdpa_sweep(p.model, p.batch_size, p.seq_len, device, dtype)
     report["complete"] = True
-    _write_json(output, report)
+    run_results.write_json(output, report, indent=1)
     print_report(report, output)
     return report
 
@@ -535,13 +534,6 @@ def load_resumable(path: Path, settings: dict) -> dict | None:
         raise UsageError(f"--resume: {path} has other settings ({'; '.join(differ)}): "
                          "remove it, or write to another --output")
     return report
-
-
-def _write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic: readers never see half a file
 
 
 def show_saved(path: str) -> None:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
 import io
-import json
 import pstats
 import sys
 from pathlib import Path
@@ -115,15 +113,10 @@ def main(argv=None) -> int:
                 print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
                 print(profile_text(fn, args.cprofile))
     if args.output:
-        path = Path(args.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
+        results.write_json(args.output, {  # never a half-written file
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,
             "triton": triton.__version__, "git_commit": results.git_commit(),
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "rows": rows}, indent=2) + "\n")
-        tmp.replace(path)  # never a half-written file
+            "created": results.now(), "rows": rows})
     return 0
 
 

@@ -25,6 +25,7 @@ workshop shows at its end; analysis_tools/compare.py extends the same rows.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -76,13 +77,23 @@ def validate(result: dict) -> None:
             raise SchemaError(f"timing_ms.{phase} needs median, p10 and p90")
 
 
+def now() -> str:
+    """When a result was made: UTC, to the second (every JSON's "created")."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def write_atomic(path: str | os.PathLike, result: dict) -> Path:
+    """Write a validated results file with write_json."""
+    validate(result)
+    return write_json(path, result)
+
+
+def write_json(path: str | os.PathLike, data: dict, indent: int = 2) -> Path:
     """Write JSON to a temporary file in the same folder, then rename it.
 
     A rename within one file system is atomic, so a reader (or a crashed run)
-    never sees a half-written results file.
+    never sees a half-written file.
     """
-    validate(result)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -91,7 +102,7 @@ def write_atomic(path: str | os.PathLike, result: dict) -> Path:
         # an ordinary file, readable like any other the user writes (umask applies).
         os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=False)
+            json.dump(data, f, indent=indent, sort_keys=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import os
 import time
@@ -395,7 +394,7 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
     return {
         "schema_version": results.SCHEMA_VERSION,
         "version": settings.version,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": results.now(),
         "command": settings.command,
         "git_commit": results.git_commit(),
         "config": cfg.to_dict(),

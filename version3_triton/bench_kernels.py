@@ -45,8 +45,6 @@ kernel ran with (autotuned, forced or by rule) are printed and saved.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import sys
 from pathlib import Path
@@ -62,7 +60,7 @@ from harness import device as devices  # noqa: E402
 from harness.probes import measure_copy_gbs  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
 from harness.measure import Timer  # noqa: E402
-from harness.results import git_commit  # noqa: E402
+from harness.results import git_commit, now, write_json  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
 from version1_baseline.tiny_llama_v1 import rope_tables as half_rope_tables  # noqa: E402
 
@@ -374,7 +372,7 @@ def run(args) -> dict:
     size = "quick" if args.quick else "full"
     timer = Timer(device, args.quick)
     copy_gbs = measure_copy_gbs(device, nbytes=(64 << 20) if args.quick else None)
-    result = {"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    result = {"created": now(),
               "command": " ".join(["python", *sys.argv]), "git_commit": git_commit(),
               "device": devices.describe(device), "quick": args.quick, "copy_gbs": copy_gbs,
               "conventions": {
@@ -419,12 +417,7 @@ def main(argv=None) -> int:
         return e.exit_code
     print(report(result))
     if args.output:
-        path = Path(args.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, path)  # never a half-written file
-        print(f"results: {path}")
+        print(f"results: {write_json(args.output, result)}")  # never a half-written file
     return 0
 
 
