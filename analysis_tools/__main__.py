@@ -225,8 +225,13 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_overlap(args) -> int:
+    from harness import results
     from .scaling import communication_overlap, format_overlap
-    print("\n".join(format_overlap(communication_overlap(path)) for path in args.traces))
+    rows = [communication_overlap(path) for path in args.traces]
+    print("\n".join(format_overlap(row) for row in rows))
+    if args.json:  # reproduce's scaling step: one per profiled run, beside its traces
+        results.write_json(args.json, {"created": results.now(), "git_commit": results.git_commit(),
+                                       "ranks": rows})
     return 0
 
 
@@ -321,6 +326,7 @@ def build_parser() -> OneLineParser:
     o = sub.add_parser("overlap", help="communication/compute overlap in profiler traces")
     o.add_argument("traces", nargs="+", help="*.pt.trace.json[.gz] written by --profile pytorch, "
                                              "one per rank")
+    o.add_argument("--json", help="also write the rows here (with when and at which commit)")
     o.set_defaults(func=cmd_overlap)
     return p
 

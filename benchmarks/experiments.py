@@ -138,6 +138,11 @@ def _scaling() -> list[Row]:
     rows += [Row("scaling", f"v4_compile_{name}", "scaling", f"V4 compiled, {label}", "v4",
                  (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_1gpu")
              for name, (label, flags) in levers.items()]
+    # Overlap, read from the profiler: V4's DDP x2 rows again under the PyTorch profiler
+    # (reproduce gives a profiled row its own --profile-dir and reads each rank's trace)
+    rows += [Row("scaling", f"v4_{mode}_ddp2_profiled", "scaling-overlap", f"V4 {words}, DDP x2", "v4",
+                 (*BF16, *flags, "--profile", "pytorch"), gpus=2, baseline=f"v4_{mode}_1gpu")
+             for mode, (words, flags) in SCALING_MODES.items()]
     return rows
 
 

@@ -2,7 +2,7 @@
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
 #   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
-#                                                 # (scaling, on 2+ GPUs only: about 24 more)
+#                                                 # (scaling, on 2+ GPUs only: about 26 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -70,7 +70,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
-        scaling)        echo "~24 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers; skipped below 2 GPUs" ;;
+        scaling)        echo "~26 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers, V4 x2 profiled (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
@@ -187,6 +187,8 @@ run_rows() {
         if [ "$gpus" -gt 1 ] && [ "$gpus" -gt "$NGPU" ]; then
             say "   $1/$name: skipped, needs $gpus GPUs ($NGPU here)"; continue
         fi
+        # a profiled row keeps its traces beside its JSON: <step>/<name>_profile/
+        [[ " ${flags[*]} " == *" --profile "* ]] && flags+=(--profile-dir "$W/$1/${name}_profile")
         if [ "$same" = - ]; then
             ROW_ENV=$env ROW_GPUS=$gpus OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset $MEDIUM "${flags[@]}"
         else
@@ -274,7 +276,14 @@ run_step() {
     scaling)
         if [ "$NGPU" -lt 2 ]; then say "   skipped: data-parallel scaling needs 2 or more GPUs ($NGPU here)"; return; fi
         # NVLink multicast (NVLS) stays off, as in benchmarks/ddp_scaling.sh (docs/MULTI_GPU.md)
-        NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} run_rows scaling ;;
+        NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} run_rows scaling
+        # Each profiled row: how much of its NCCL/RCCL kernel time ran beside compute, per rank
+        for dir in "$W"/scaling/*_profile; do
+            [ -d "$dir" ] && ! have "$dir/overlap.json" || continue
+            $PY -m analysis_tools overlap "$dir"/rank*/pytorch/*.pt.trace.json* --json "$dir/overlap.json" \
+                > "$dir/overlap.log" 2>&1 || failed=1
+            sed "s|^|   ${dir##*/}: |" "$dir/overlap.log" | tee -a "$LOG"
+        done ;;
     flops)
         # V3 runs its Triton kernels in the CPU interpreter (~40 s): --quick leaves it out
         local versions=(v1 v2 v3 v4); [ $QUICK = 1 ] && versions=(v1 v2 v4)

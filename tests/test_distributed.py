@@ -491,8 +491,10 @@ def test_overlap_of_communication_with_compute(tmp_path):
     assert row["overlap_fraction"] == pytest.approx(0.5)
     assert row["compute_ms_per_step"] == pytest.approx(16 / 2 / 1000)
     assert row["gpu_window_ms_per_step"] == pytest.approx(32 / 2 / 1000)
-    proc = run_cli(["-m", "analysis_tools", "overlap", trace])
+    proc = run_cli(["-m", "analysis_tools", "overlap", trace, "--json", tmp_path / "overlap.json"])
     assert proc.returncode == 0 and "(50%) beside compute" in proc.stdout
+    written = json.loads((tmp_path / "overlap.json").read_text())  # reproduce's scaling step
+    assert written["ranks"] == [row] and written["created"] and "git_commit" in written
     cpu_only = write_trace(tmp_path / "cpu.pt.trace.json", [])
     proc = run_cli(["-m", "analysis_tools", "overlap", cpu_only])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no GPU kernels" in proc.stderr

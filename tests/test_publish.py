@@ -117,6 +117,32 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
     assert publish.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
 
 
+def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
+    """A profiled row of the scaling step carries the overlap read from its ranks' traces
+    (<row>_profile/overlap.json, written by analysis_tools overlap --json) into the published
+    row, and the scaling-overlap block shows it per rank; a profiled row whose traces were not
+    read says so."""
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    scaling_dir = tmp_path / "work" / "scaling"
+    (scaling_dir / "v4_compile_ddp2_profiled_profile").mkdir(parents=True)
+    for name in ("v4_compile_ddp2_profiled", "v4_best_ddp2_profiled"):
+        (scaling_dir / f"{name}.json").write_text(json.dumps(scaling_result(template, 2, 700_000.0)))
+    ranks = [{"trace": f"/x/v4_compile_ddp2_profiled_profile/rank{r}/pytorch/t.pt.trace.json",
+              "steps": 3, "comm_kernels": 40, "comm_ms_per_step": 2.0, "overlapped_ms_per_step": 1.5,
+              "exposed_ms_per_step": 0.5, "overlap_fraction": 0.75, "compute_ms_per_step": 30.0,
+              "gpu_window_ms_per_step": 33.0} for r in (0, 1)]
+    (scaling_dir / "v4_compile_ddp2_profiled_profile" / "overlap.json").write_text(
+        json.dumps({"created": "2031-01-02T03:04:05+00:00", "git_commit": "abc1234", "ranks": ranks}))
+    rows = {key: publish.compact(data) for key, data in publish._rows(tmp_path / "work")}
+    assert [o["rank"] for o in rows["scaling/v4_compile_ddp2_profiled"]["overlap"]] == [0, 1]
+    assert "overlap" not in rows["scaling/v4_best_ddp2_profiled"]
+    text = blocks.render("scaling-overlap", {"rows": rows})
+    assert "| V4 compiled, DDP x2 | 1 | 2.00 | 1.50 (75.0%) | 0.50 | 30.00 |" in text
+    assert "| V4 graphs + master weights, DDP x2 | - | no trace read |" in text
+    assert "by `bash benchmarks/reproduce.sh scaling`" in text
+    assert blocks.render("scaling-overlap", {"rows": {}}) == blocks.PLACEHOLDER
+
+
 def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkeypatch):
     """benchmarks/host_overhead.py's JSON (the kernels step) becomes the host-overhead block,
     and publish.py update republishes it like the kernel table."""

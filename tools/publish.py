@@ -90,7 +90,18 @@ def compact(result: dict | None) -> dict:
             "batch_size": run["batch_size"], "seq_len": run["seq_len"], "precision": run["precision"],
             "world_size": run.get("world_size", 1), "device": result["device"].get("name"),
             "torch": result["device"].get("torch"), "created": result.get("created"),
-            "sdpa_kernel": result["options"].get("sdpa_kernel")}
+            "sdpa_kernel": result["options"].get("sdpa_kernel"),
+            **({"overlap": [_overlap_numbers(r) for r in result["overlap"]["ranks"]]}
+               if result.get("overlap") else {})}
+
+
+def _overlap_numbers(row: dict) -> dict:
+    """A rank's communication overlap (analysis_tools overlap) as the docs quote it: its
+    rank (the trace's rank<N> folder) and its milliseconds per step."""
+    rank = re.search(r"rank(\d+)", row["trace"])
+    return {"rank": int(rank.group(1)) if rank else None,
+            **{k: row[k] for k in ("comm_ms_per_step", "overlapped_ms_per_step", "exposed_ms_per_step",
+                                   "overlap_fraction", "compute_ms_per_step")}}
 
 
 def compare_summary(report: dict) -> dict:
@@ -185,7 +196,9 @@ def _rows(work: Path):
             continue
         data = _load(path)
         if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
-            yield f"{path.parent.name}/{path.stem}", data
+            # a profiled row: its traces' communication overlap, beside them (the scaling step)
+            overlap = _load(path.parent / f"{path.stem}_profile" / "overlap.json")
+            yield f"{path.parent.name}/{path.stem}", {**data, "overlap": overlap} if overlap else data
 
 
 def collect(work: Path, out: Path) -> dict:

@@ -84,6 +84,30 @@ def scaling_table(s: dict, block: str) -> str:
                   "fwd / bwd / opt ms"], out) + (f"\n\n{caption}" if caption else "")
 
 
+def overlap_table(s: dict, block: str) -> str:
+    """Per rank of each profiled data-parallel row: the NCCL/RCCL kernel time of a step, the
+    part of it that ran beside compute kernels and the part the step paid alone (exposed)."""
+    out, caption = [], ""
+    for label, key in block_rows(block):
+        r = s["rows"].get(key)
+        if r is None:
+            continue
+        if not r.get("ok") or not r.get("overlap"):
+            out.append([label, "-", _failure(r) if not r.get("ok") else "no trace read", *["-"] * 3])
+            continue
+        for o in r["overlap"]:
+            out.append([label, str(o["rank"]), num(o["comm_ms_per_step"], ".2f"),
+                        f"{num(o['overlapped_ms_per_step'], '.2f')} ({pct(o['overlap_fraction'])})",
+                        num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f")])
+        caption = caption or (f"Read from the PyTorch profiler's traces of each rank (`python -m "
+                              f"analysis_tools overlap`), {r.get('world_size')} x {r.get('device', '?')}, "
+                              f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+    if not out:
+        return PLACEHOLDER
+    return table(["run", "rank", "communication ms/step", "beside compute ms", "exposed ms",
+                  "compute ms/step"], out) + (f"\n\n{caption}" if caption else "")
+
+
 def compare_table(s: dict, preset: str, modes=None) -> str:
     c = s["compare"].get(preset)
     if not c:
@@ -270,6 +294,7 @@ BLOCKS = {
     "debug-stages": debug_block,
     "flop-counters": flop_counters_block,
     "scaling": lambda s: scaling_table(s, "scaling"),
+    "scaling-overlap": lambda s: overlap_table(s, "scaling-overlap"),
 }
 
 
