@@ -57,6 +57,12 @@ def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "f
     return table(["run", *cols], out)
 
 
+def _measured_by_scaling(r: dict) -> str:
+    """The caption of a data-parallel row's numbers: its GPUs, torch, day and command."""
+    return (f"Measured on {r.get('world_size', 1)} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
+            f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+
+
 def scaling_table(s: dict, block: str) -> str:
     """Data-parallel rows beside the 1-GPU run they scale: efficiency = tokens/s of N GPUs /
     (N x tokens/s of one GPU at the same batch per GPU). Rows this machine could not run
@@ -76,8 +82,7 @@ def scaling_table(s: dict, block: str) -> str:
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
                     num(r.get("step_ms"), ".2f"), _phases(r)])
         if n > 1 and not caption:
-            caption = (f"Measured on {n} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
-                       f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+            caption = _measured_by_scaling(r)
     if not out:
         return PLACEHOLDER
     return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
@@ -99,9 +104,8 @@ def overlap_table(s: dict, block: str) -> str:
             out.append([label, str(o["rank"]), num(o["comm_ms_per_step"], ".2f"),
                         f"{num(o['overlapped_ms_per_step'], '.2f')} ({pct(o['overlap_fraction'])})",
                         num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f")])
-        caption = caption or (f"Read from the PyTorch profiler's traces of each rank (`python -m "
-                              f"analysis_tools overlap`), {r.get('world_size')} x {r.get('device', '?')}, "
-                              f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+        caption = caption or (f"{_measured_by_scaling(r)} Read from each rank's PyTorch profiler "
+                              "trace (`python -m analysis_tools overlap`).")
     if not out:
         return PLACEHOLDER
     return table(["run", "rank", "communication ms/step", "beside compute ms", "exposed ms",
