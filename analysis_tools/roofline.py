@@ -228,6 +228,9 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
              ceilings_path=None, kernel_tables: dict | None = None, measure_ops: bool = False,
              device: str = "cpu", out_dir=".", name: str = "roofline.png") -> dict:
     """Notebook entry point. Returns tables (analytic, measured, kernels, steps) and the plot path."""
+    if measure_ops:  # timing ops on a device this machine lacks: one line (UsageError) before any work
+        from harness import device as dev
+        dev.resolve_device(device)
     results = (results if results and isinstance(results[0], dict)
                else load_results(results) if results else [])
     first = results[0] if results else None

@@ -245,6 +245,16 @@ def test_roofline_rejects_a_table_without_names(tmp_path):
     assert_one_line_error(cli("roofline", "--kernels", f"x={bad}", "--out-dir", tmp_path))
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_roofline_measuring_ops_on_a_missing_gpu_is_one_line(tmp_path):
+    """With ceilings already at hand nothing else touches the device before the op timings."""
+    ceilings = tmp_path / "ceilings.json"
+    ceilings.write_text(json.dumps({"device": H100, "measured": {
+        "matmul_tflops": {"bf16": 780.0}, "copy_gbs": 3000.0}}))
+    assert_one_line_error(cli("roofline", "--preset", "tiny", "--measure-ops", "--device", "cuda",
+                              "--ceilings", ceilings, "--out-dir", tmp_path))
+
+
 # ---------------------------------------------------------------- sweep
 FAKE_VERSION = textwrap.dedent("""
     # Stands in for a version CLI: parses the real flags, fails like the real one.
