@@ -14,6 +14,9 @@ from harness.config import ModelConfig  # noqa: E402
 from harness.results import SchemaError, load  # noqa: E402
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 class AnalysisError(ValueError):
     """Bad input for an analysis command: reported as one line, exit code 2."""
 
@@ -140,4 +143,7 @@ def parse_kv_list(text: str, what: str) -> dict[str, float]:
 
 
 def out_dir_default() -> Path:
-    return Path(os.environ.get("ANALYSIS_OUT", "results/analysis"))
+    """results/analysis of this repository (ANALYSIS_OUT to change): the same folder
+    whichever folder a command or a notebook runs in, so the ceilings measured once
+    are found from everywhere."""
+    return Path(os.environ.get("ANALYSIS_OUT", REPO / "results" / "analysis"))

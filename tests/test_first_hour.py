@@ -215,6 +215,15 @@ def test_roofline_without_ceilings_says_how_to_get_a_roof_and_uses_measured_ones
     assert "ceilings.json" in out["ceilings"][0]["label"]
 
 
+def test_the_analysis_folder_is_the_repositorys_from_any_folder(monkeypatch):
+    """Notebooks run in exercises/notebooks/: the ceilings measured from the root are found there."""
+    from analysis_tools.common import out_dir_default
+
+    monkeypatch.delenv("ANALYSIS_OUT", raising=False)
+    monkeypatch.chdir(REPO / "exercises" / "notebooks")
+    assert out_dir_default() == REPO / "results" / "analysis"
+
+
 def test_a_kernel_table_the_project_wrote_parses_back(tmp_path):
     from profiling import kernel_table as kt
     from profiling import parse
