@@ -27,6 +27,16 @@ def test_every_published_block_matches_its_data():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("page", [REPO / "docs" / "RESULTS.md",
+                                  *sorted((REPO / "docs" / "published").glob("*/RESULTS.md"))],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_of_a_results_page_reaches_its_file(page):
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+    assert targets
+    missing = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
+    assert not missing, missing
+
+
 def test_readme_quotes_no_measured_number_outside_a_block():
     text = publish.BLOCK.sub("", (REPO / "README.md").read_text())
     assert "<!-- published:readme-table -->" in (REPO / "README.md").read_text()

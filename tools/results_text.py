@@ -25,6 +25,10 @@ def page(s: dict | None, image_dir: str, render) -> str:
     def block(name: str) -> str:
         return render(name, s)
 
+    # The page lives in docs/ (its images under published/<gpu>/) or in docs/published/<gpu>/
+    # beside its images: links to the other docs start from there.
+    docs = "" if image_dir else "../../"
+
     def image(name: str, alt: str) -> str:
         files = (s or {}).get("files", [])
         return f"![{alt}]({image_dir}{name})" if name in files else ""
@@ -193,7 +197,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "`bash benchmarks/reproduce.sh flops`: each version profiled with PyTorch's FlopCounterMode "
             "(the operators with a FLOP formula, one step, forward and backward) and DeepSpeed's FLOPS profiler (the "
             "wrapped functions inside module forwards, forward only), each against the analytic formula "
-            "for what it counts. [docs/PROFILING.md](PROFILING.md) explains what each misses.", "",
+            f"for what it counts. [docs/PROFILING.md]({docs}PROFILING.md) explains what each misses.", "",
             "<!-- published:flop-counters -->", block("flop-counters"), "<!-- /published -->", ""]
 
     out += ["## Memory: the model against measured peaks", "",
