@@ -50,7 +50,6 @@ WARMUP=${WARMUP:-10}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 BUDGET_S=${BUDGET_S:-540}
 MIN_RUN_S=45   # a run given less time than this cannot finish: skip it instead
-mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "${NCCL_NVLS_ENABLE:-0}" = "1" ]; then
@@ -101,6 +100,7 @@ if [ "$visible" -lt "$NGPU" ]; then
     echo "error: needs $NGPU GPUs, $visible visible" >&2
     exit 2
 fi
+mkdir -p "$OUT_DIR"  # only once every check has passed: a refused run leaves nothing behind
 
 SCRIPT=version4_sdpa/tiny_llama_v4.py
 [ -f "$SCRIPT" ] || SCRIPT=version1_baseline/tiny_llama_v1.py

@@ -124,6 +124,13 @@ def test_gpu_only_scripts_say_so_in_one_line_on_a_cpu(command, needle):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
 
 
+def test_a_refused_scaling_run_leaves_no_output_folder(tmp_path):
+    proc = _run(["env", f"PYTHON={PY}", "OUT_DIR={tmp}/ddp", "VARIANTS=nonsense", "bash",
+                 "benchmarks/ddp_scaling.sh"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert not (tmp_path / "ddp").exists()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("script", [s for s, row in SCRIPTS.items() if row["gpu"]])
 def test_gpu_script_runs_at_a_tiny_size(script, tmp_path):
