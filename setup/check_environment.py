@@ -268,6 +268,12 @@ def check_optional_package(name: str, import_name: str, purpose: str, fix: str) 
     return Check(name, "ok", f"{name} {version}")
 
 
+def check_notebooks() -> Check:
+    """JupyterLab for the instructor notebooks, installed into the project's .venv by make."""
+    return check_optional_package("jupyterlab", "jupyterlab", "the instructor notebooks",
+                                  "`make notebooks` (installs it into .venv/ and opens the notebooks)")
+
+
 def check_profilers(backend: str) -> list[Check]:
     checks = []
     for vendor, tools in PROFILERS.items():
@@ -331,8 +337,7 @@ def run_checks(min_torch: str = MIN_TORCH, require: tuple[str, ...] = ()) -> lis
                           ("matplotlib", "roofline and sweep plots")):
         checks.append(check_optional_package(name, name, purpose,
                                              "`bash setup/install.sh` installs it"))
-    checks.append(check_optional_package("jupyterlab", "jupyterlab", "the instructor notebooks",
-                                         "`pip install jupyterlab` (or `pip install -e .[notebooks]`)"))
+    checks.append(check_notebooks())
     checks += environment_notes()
     return _apply_require(checks, require)
 

@@ -125,3 +125,13 @@ def test_no_amd_target_line_without_rocm(monkeypatch):
     module = _fake_rocm_device(monkeypatch, "gfx942")
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     assert module.check_amd_target() is None
+
+
+def test_a_missing_jupyterlab_is_installed_the_way_the_readme_says(monkeypatch):
+    import sys
+    sys.path.insert(0, str(REPO / "setup"))
+    import check_environment as ce
+
+    monkeypatch.setattr(ce, "package_version", lambda name: None)
+    check = ce.check_notebooks()
+    assert check.status == "warn" and "make notebooks" in check.fix and "pip" not in check.fix
