@@ -4,12 +4,13 @@
 #                   (make test-slow: the few slow tests it leaves out, which CI runs once)
 # And for instructors:
 #   make notebooks  install JupyterLab (if needed) and open the four notebooks
+#   make check-notebooks  run each notebook headless, top to bottom (a check before a class)
 #   make results    (on a GPU) re-measure every published number (benchmarks/reproduce.sh; ARGS="compare-medium" for one step)
 #   make workshop ARGS="--quick"   tiny preset, 3 steps per version (what CI runs first)
 # Afterwards run scripts in the project's environment: source .venv/bin/activate
 PY := .venv/bin/python
 
-.PHONY: workshop test test-slow install clean results notebooks
+.PHONY: workshop test test-slow install clean results notebooks check-notebooks
 workshop: .venv/.installed
 	$(PY) -m training.workshop $(ARGS)
 
@@ -24,8 +25,14 @@ test-slow: .venv/.installed-test
 
 install: .venv/.installed
 
+# Jupyter refuses to start as root (a container's usual user) unless told it may.
+JUPYTER_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 notebooks: .venv/.installed-notebooks
-	$(PY) -m jupyter lab exercises/notebooks/ $(ARGS)
+	$(PY) -m jupyter lab exercises/notebooks/ $(JUPYTER_ROOT) $(ARGS)
+
+# The notebook tests of make test-slow: every notebook executed by a headless kernel.
+check-notebooks: .venv/.installed-test
+	$(PY) -m pytest -q tests/test_notebooks.py $(XDIST) $(PYTEST_ARGS)
 
 results: .venv/.installed
 	bash benchmarks/reproduce.sh $(ARGS)

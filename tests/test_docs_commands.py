@@ -296,6 +296,17 @@ def test_every_quoted_command_exists_and_parses():
     assert not failures, "\n".join(failures)
 
 
+def test_every_quoted_torchrun_is_standalone():
+    """Without --standalone (or a rendezvous of its own) torchrun waits on a fixed port that
+    another job on the machine may hold."""
+    quoted = [(q, cmd) for q in all_quoted() for cmd in simple_commands(q.text)
+              if cmd and cmd[0] == "torchrun"]
+    assert quoted
+    bare = [f"{q.doc}:{q.line}" for q, cmd in quoted
+            if not {"--standalone", "--rdzv-endpoint", "--rdzv_endpoint", "--master-port"} & set(cmd)]
+    assert not bare, bare
+
+
 def test_version_readme_diffs_match_the_code():
     """The diff blocks in version*/README.md are generated from the model files."""
     from conftest import run_cli

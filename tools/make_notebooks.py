@@ -227,6 +227,8 @@ do work (views and metadata-only operators are left out). GEMMs are counted sepa
     ("code", '''\
 from torch.profiler import ProfilerActivity, profile
 
+from profiling.sessions import native_stderr_filtered  # drops the profiler's start/stop lines
+
 NO_WORK = ("view", "reshape", "transpose", "t", "as_strided", "slice", "expand", "split",
            "split_with_sizes", "unsqueeze", "permute", "_unsafe_view", "select", "alias", "detach",
            "chunk", "empty", "empty_strided", "to", "result_type", "contiguous", "matmul", "linear")
@@ -237,7 +239,7 @@ def count_ops(model):
         logits = model(ids)
         torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab_size), ids.view(-1)).backward()
     step()  # warm-up (lazy initialisations)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with native_stderr_filtered(), profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     calls = {e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")}
     work = {k: n for k, n in calls.items() if k.removeprefix("aten::") not in NO_WORK}
