@@ -65,7 +65,7 @@ def poisoned_kernels(monkeypatch):
 
     monkeypatch.setattr(common, "POISON_OUTPUTS", True)
     monkeypatch.setattr(configs, "AUTOTUNE", False)
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {})
+    monkeypatch.setattr(configs, "FORCED_CONFIGS", configs.ForcedConfigs())
     for name in configs.ENV_NAMES.values():
         monkeypatch.delenv(name, raising=False)
 

@@ -126,7 +126,7 @@ def test_rope_in_attention_across_several_tiles(monkeypatch):
     """Small forced blocks: the diagonal spans several tiles and most key tiles are
     off the diagonal (loaded and rotated without row masks); head size 24 pads each
     half (12) to 16 columns and the head (24) to 32."""
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {
+    configs.FORCED_CONFIGS.update({
         "attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BLOCK_M=32, BLOCK_N=16),
         "attn_bwd_dkdv": dict(BLOCK_M=16, BLOCK_N=32)})
     for shape in [(1, 2, 1, 45, 32), (1, 2, 1, 45, 24)]:
@@ -249,7 +249,7 @@ def test_gpu_every_config_rotates_correctly(monkeypatch, kernel):
     bound = [2 * max_error(p, w) + 1e-3 * w.abs().max().item() for p, w in zip(pytorch, want)]
     for config in configs.candidates(configs.SPECS[kernel], common.current_target(), 64, 2,
                                      "rope"):
-        monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: dict(config)})
+        configs.FORCED_CONFIGS[kernel] = dict(config)
         got = forward_backward(fused, qkv, grad, cos, sin, 4, 2, torch.bfloat16)
         errors = [max_error(g, w) for g, w in zip(got, want)]
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)

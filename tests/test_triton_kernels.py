@@ -193,8 +193,9 @@ SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BL
 def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     """Blocks of different sizes for forward/dQ and dK/dV (so the diagonal spans
     several tiles), set from Python and from the environment, still give the maths."""
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
+    configs.FORCED_CONFIGS.update({k: SMALL_BLOCKS[k] for k in KERNELS if k != "attn_fwd"})
     monkeypatch.setenv("V3_ATTN_FWD_CONFIG", "BLOCK_M=32, BLOCK_N=16, num_warps=4")
+    configs.read_environment()  # as V3's preflight does; a launch never reads it
     inputs, grad = attention_inputs(1, 2, 1, 45, 32)
     got = forward_backward(tk.flash_attention, inputs, grad)
     want = forward_backward(attention_reference, inputs, grad, torch.float64)
@@ -219,6 +220,7 @@ def test_forced_configs_change_the_kernels_that_run(monkeypatch):
     assert chosen["attn_bwd_dkdv"].startswith("forced: BLOCK_M=16, BLOCK_N=32")
     assert chosen["rmsnorm_fwd"].startswith("forced: BLOCK_ROWS=4")
     monkeypatch.delenv("V3_ATTN_FWD_CONFIG")  # unforced again: the autotuner chooses anew
+    configs.read_environment()
     forward_backward(tk.flash_attention, inputs, grad)
     assert not tk.chosen_configs()["attn_fwd"].startswith("forced")
 
@@ -244,7 +246,7 @@ def test_memory_bound_kernels_launch_by_their_rule_without_an_autotuner():
     ("rmsnorm_fwd", dict(num_warps=4), "needs BLOCK_ROWS"),
 ])
 def test_impossible_forced_configs_are_refused(monkeypatch, kernel, config, message):
-    monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: config})
+    configs.FORCED_CONFIGS[kernel] = config
     inputs = [t.requires_grad_() for t in attention_inputs(1, 2, 1, 8, 16)[0]]
     with pytest.raises(ValueError, match=message):
         if kernel.startswith("attn"):
@@ -255,8 +257,10 @@ def test_impossible_forced_configs_are_refused(monkeypatch, kernel, config, mess
 
 def test_config_text_from_the_environment(monkeypatch):
     monkeypatch.setenv("V3_ATTN_BWD_DQ_CONFIG", "BLOCK_M=64,BLOCK_N=32,num_warps=8,num_stages=3")
+    configs.read_environment()  # once, at import and in V3's preflight: launches never read it
     assert tk.forced_config("attn_bwd_dq") == dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3)
     monkeypatch.setenv("V3_ATTN_BWD_DQ_CONFIG", "BLOCK_M=big")
+    configs.read_environment()
     with pytest.raises(ValueError, match="V3_ATTN_BWD_DQ_CONFIG: bad item"):
         tk.forced_config("attn_bwd_dq")
 
@@ -461,7 +465,7 @@ def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel, head_di
     bound = [2 * e + 1e-3 * r.abs().max().item() for e, r in zip(
         pytorch_error(attention_reference, inputs, grad, torch.bfloat16, reference), reference)]
     for config in configs.candidates(configs.SPECS[kernel], common.current_target(), head_dim, 2):
-        monkeypatch.setattr(configs, "FORCED_CONFIGS", {kernel: dict(config)})
+        configs.FORCED_CONFIGS[kernel] = dict(config)
         errors = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)
 

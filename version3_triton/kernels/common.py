@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 from typing import Optional  # noqa: F401 (define_op's schema reads the launchers' annotations here)
 
 import torch
@@ -27,21 +29,101 @@ POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten ele
 
 
 # ---- launching --------------------------------------------------------------------------
+# An eager call is host time before it is GPU time. Triton's `kernel[grid](...)` spends
+# ~25 us of Python deciding *which* compiled kernel to run (binding the arguments, working
+# out their specialisation, hashing a cache key, the autotuner's bookkeeping), on every
+# call, for an answer that is the same for every call of a training step. So the first
+# call with a given kind of arguments launches through Triton (compiling, autotuning),
+# and keeps the CompiledKernel it ran; later calls look it up by a key built from the
+# arguments and call it directly (`_BOUND`): ~8 us instead of ~25 on an H200 host.
+#
+# The key must hold everything Triton specialises a kernel on, or a hit would run a
+# kernel compiled for other arguments and compute wrong numbers without a word: each
+# tensor's dtype and 16-byte alignment, each other argument by type and value (an int
+# equal to 1 or divisible by 16 compiles differently), the constexprs by name, the
+# current device, the forced configurations (their version) and the autotune switch.
+# Ints by value are stricter than Triton needs (one entry per shape), never looser.
+#
+# Where the direct call is not known to work - Triton's CPU interpreter, a HIP build
+# (its launcher also specialises tensors on buffer sizes), a Triton without the
+# CompiledKernel API used here - or with V3_JIT_LAUNCH=1, every call goes through
+# Triton's own launch. The direct call skips Triton's launch hooks (its `proton` profiler
+# uses them); PyTorch's profiler, nsys, ncu and rocprof see the kernels either way.
 _TUNERS: dict[str, object] = {}
 _TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
-
-
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
+_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, function, metadata, config, tail, last)
+_MAX_BOUND = 4096                    # forget them all past this many (shapes that keep changing)
+
+
+def _can_bind() -> bool:
+    return (not INTERPRET and backend() == "cuda" and os.environ.get("V3_JIT_LAUNCH", "0") != "1"
+            and hasattr(torch._C, "_cuda_getCurrentRawStream"))
+
+
+BIND = _can_bind()  # tests switch it to compare the two ways
 
 
 def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     """Launch `fn` over grid(config): by its rule (memory-bound kernels) or with the
-    configuration its autotuner picks. Inside a torch.library.triton_op, wrap_triton
-    lets torch.compile see the launch (Inductor then launches the kernel itself)."""
-    if spec.rule is not None:
-        _launch_by_rule(spec, fn, grid, args, constexprs)
+    configuration its autotuner picks; a call like one before runs the kernel that call
+    ran, directly. Inside a torch.library.triton_op, wrap_triton lets torch.compile see
+    the launch (Inductor then launches the kernel itself)."""
+    if not BIND or (_IN_OPERATOR and USE_TRITON_OP):
+        _launch_through_triton(spec, fn, key, grid, args, constexprs)
         return
+    device = torch._C._cuda_getDevice()
+    bound_key = _bound_key(fn, device, args, constexprs)
+    bound = _BOUND.get(bound_key)
+    if bound is None:
+        kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
+        _bind(bound_key, spec, fn, kernel, len(args), constexprs)
+        return
+    run, function, metadata, config, tail, last = bound
+    _LAST[spec.name] = last
+    g = grid(config)
+    run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1,
+        torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
+        *args, *tail)
+
+
+def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple:
+    """What a call must share with an earlier one to run the kernel that one ran (see
+    above): an int by value (bool, float and None by type and value: True == 1 in Python),
+    a tensor by dtype and 16-byte alignment."""
+    return (fn, device, configs.FORCED_CONFIGS.version, configs.AUTOTUNE, tuple(constexprs.items()),
+            *[a if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
+              if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+
+
+def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
+    """Keep the CompiledKernel the call just ran, with what a direct call needs: Triton's
+    launcher takes every kernel parameter in order, constexprs included (`tail`)."""
+    global BIND
+    how, config = _LAST[spec.name]
+    if isinstance(config, triton.Config):
+        config = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    values = {**constexprs, **config}
+    try:
+        tail = tuple(values[name] for name in fn.arg_names[n_args:])
+        bound = (kernel.run, kernel.function, kernel.packed_metadata, config, tail, (how, config))
+    except (AttributeError, KeyError, TypeError) as e:  # another Triton: its own launch it is
+        BIND = False
+        print(f"note: Triton {triton.__version__}'s compiled kernels cannot be called directly "
+              f"here ({type(e).__name__}: {e}); V3 launches through Triton's JIT (more host time "
+              f"per call)", file=sys.stderr)
+        return
+    if len(_BOUND) >= _MAX_BOUND:
+        _BOUND.clear()
+    _BOUND[bound_key] = bound
+
+
+def _launch_through_triton(spec: KernelSpec, fn, key: list, grid, args, constexprs):
+    """Triton's own launch (binding, specialisation, cache lookup, compiling if new): by
+    the kernel's rule or through its autotuner. Returns the CompiledKernel that ran."""
+    if spec.rule is not None:
+        return _launch_by_rule(spec, fn, grid, args, constexprs)
     tuner = _TUNERS.get(spec.name)
     if tuner is None:
         target = current_target()
@@ -59,17 +141,17 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         tuner.cache.clear()
         _TUNED_UNDER[spec.name] = knobs
     run = torch.library.wrap_triton(tuner) if _IN_OPERATOR and USE_TRITON_OP else tuner
-    run[grid](*args, **constexprs)
+    kernel = run[grid](*args, **constexprs)
     how = ("forced" if forced else "autotuned" if configs.AUTOTUNE and not INTERPRET
            else "first candidate")
     _LAST[spec.name] = (how, getattr(tuner, "best_config", None))
+    return kernel
 
 
-def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs) -> None:
+def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs):
     """A memory-bound kernel has nothing to time: its rule (or a forced config) gives
-    the configuration, worked out once per row width and dtype. Each eager call is then
-    one dictionary lookup and the kernel's own launch, no autotuner in between; under
-    torch.compile a tuner holding just that configuration hands it to Inductor."""
+    the configuration, worked out once per row width and dtype. Under torch.compile a
+    tuner holding just that configuration hands it to Inductor."""
     forced = configs.forced_setting(spec.name)
     size = spec.size(dict(zip(fn.arg_names, args)), constexprs)
     ruled = _RULED.get((spec.name, size, repr(forced)))
@@ -78,11 +160,10 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs) -> None:
         tuner = triton.autotune([configs.triton_config(config)], key=[])(fn)
         ruled = _RULED[(spec.name, size, repr(forced))] = (config, tuner)
     config, tuner = ruled
-    if _IN_OPERATOR and USE_TRITON_OP:
-        torch.library.wrap_triton(tuner)[grid](*args, **constexprs)
-    else:
-        fn[grid(config)](*args, **constexprs, **config)
     _LAST[spec.name] = ("forced" if forced else "rule", config)
+    if _IN_OPERATOR and USE_TRITON_OP:
+        return torch.library.wrap_triton(tuner)[grid](*args, **constexprs)
+    return fn[grid(config)](*args, **constexprs, **config)
 
 
 def describe(config) -> str:

@@ -39,7 +39,46 @@ from .target import Target
 
 KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
                 "swiglu_fwd", "swiglu_bwd", "cross_entropy")
-FORCED_CONFIGS: dict[str, dict] = {}  # kernel name -> config dict; wins over everything
+
+
+class ForcedConfigs(dict):
+    """Kernel name -> its pinned configuration (a dict, or the text of its V3_<KERNEL>_CONFIG
+    variable); a pin wins over everything. Every change gives the mapping a new `version`:
+    common.launch keys its bound launches on it, so a launch bound under other pins is never
+    reused, and reading the pins costs nothing per call."""
+    _versions = iter(range(1, 1 << 62))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.version = next(ForcedConfigs._versions)
+
+    def _changed(self, result=None):
+        self.version = next(ForcedConfigs._versions)
+        return result
+
+    def __setitem__(self, key, value):
+        self._changed(super().__setitem__(key, value))
+
+    def __delitem__(self, key):
+        self._changed(super().__delitem__(key))
+
+    def pop(self, *args):
+        return self._changed(super().pop(*args))
+
+    def popitem(self):
+        return self._changed(super().popitem())
+
+    def clear(self):
+        self._changed(super().clear())
+
+    def update(self, *args, **kwargs):
+        self._changed(super().update(*args, **kwargs))
+
+    def setdefault(self, key, default=None):
+        return self._changed(super().setdefault(key, default))
+
+
+FORCED_CONFIGS = ForcedConfigs()  # filled from the environment below (read_environment)
 AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candidate, no timing
 
 
@@ -319,10 +358,21 @@ def parse_config(text: str, source: str) -> dict:
     return config
 
 
+def read_environment() -> None:
+    """Copy the V3_<KERNEL>_CONFIG variables into FORCED_CONFIGS (their text, parsed when
+    used). Runs once when this module is imported and again in V3's preflight: a launch
+    never reads the environment."""
+    for kernel, name in ENV_NAMES.items():
+        if os.environ.get(name):
+            FORCED_CONFIGS[kernel] = os.environ[name]
+        elif isinstance(FORCED_CONFIGS.get(kernel), str):  # the variable is gone: so is its pin
+            del FORCED_CONFIGS[kernel]
+
+
 def forced_setting(kernel: str):
-    """What pins `kernel`'s configuration, unparsed: its FORCED_CONFIGS dict, else the
-    text of its V3_<KERNEL>_CONFIG variable, else None. The one place either is read."""
-    return FORCED_CONFIGS.get(kernel) or os.environ.get(ENV_NAMES[kernel]) or None
+    """What pins `kernel`'s configuration, unparsed: its FORCED_CONFIGS entry (a dict, or the
+    text read from the environment), else None."""
+    return FORCED_CONFIGS.get(kernel) or None
 
 
 def forced_config(kernel: str) -> Optional[dict]:
@@ -372,3 +422,6 @@ def early_prune(spec: KernelSpec, target: Target):
         timed = AUTOTUNE and target.backend != "interpreter"  # nothing to time on a CPU
         return [triton_config(c) for c in (fitting if timed else fitting[:1])]
     return prune
+
+
+read_environment()

@@ -1,0 +1,154 @@
+"""V3's launch (kernels/common.py): the bound launch's key and the cost of an eager call.
+
+A bound launch calls the CompiledKernel an earlier call with the same key ran. A key that
+misses one of Triton's specialisations would run a kernel compiled for other arguments
+and compute wrong numbers silently, so each specialisation is shown to take its own
+entry (on a CPU, from the key itself), and on a GPU a misaligned view after an aligned
+one still matches the reference. Where the direct call is not available (the CPU
+interpreter, V3_JIT_LAUNCH=1) Triton's own launch runs, with the same results.
+"""
+import sys
+
+import pytest
+import torch
+
+from conftest import HAS_GPU, REPO
+
+tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
+from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+pytestmark = pytest.mark.usefixtures("poisoned_kernels")
+
+
+def key(*args, fn=rmsnorm._rmsnorm_fwd_kernel, device=0, **constexprs):
+    return common._bound_key(fn, device, args, constexprs or dict(ADD_DELTA=False, BLOCK_COLS=64))
+
+
+def test_every_specialisation_triton_makes_takes_its_own_entry():
+    x = torch.zeros(64, dtype=torch.float32)
+    base = key(x, 8, 16, 1e-5, None)
+    others = [
+        key(x.to(torch.float16), 8, 16, 1e-5, None),       # a tensor's dtype
+        key(x[1:], 8, 16, 1e-5, None),                       # its 16-byte alignment
+        key(x, 1, 16, 1e-5, None),                           # an int equal to 1
+        key(x, 8, 17, 1e-5, None),                           # an int no longer divisible by 16
+        key(x, 8, 2 ** 31, 1e-5, None),                      # an int past 32 bits
+        key(x, 8, 16, 1e-5, x),                              # None (a constexpr) or a tensor
+        key(x, True, 16, 1e-5, None),                        # a bool, though True == 1
+        key(x, 8, 16, 1e-5, None, ADD_DELTA=True, BLOCK_COLS=64),   # a constexpr's value
+        key(x, 8, 16, 1e-5, None, BLOCK_COLS=64, ADD_DELTA=False),  # constexprs by name
+        key(x, 8, 16, 1e-5, None, device=1),                 # the device
+        key(x, 8, 16, 1e-5, None, fn=rmsnorm._rmsnorm_bwd_kernel),  # the kernel
+    ]
+    assert len({base, *others}) == len(others) + 1
+    assert key(torch.ones(64), 8, 16, 1e-5, None) == base  # new data, same kind: the same entry
+    assert key(x, 8, 16, 1e-5, None) == base
+
+
+def test_forced_configurations_and_the_autotune_switch_take_their_own_entries(monkeypatch):
+    """num_warps, num_stages and the block sizes come from the rule, the autotuner or a pin:
+    a new pin (num_warps=8) or autotuning switched off never reuses a launch bound before."""
+    x = torch.zeros(64)
+    before = key(x, 8)
+    configs.FORCED_CONFIGS["rmsnorm_fwd"] = dict(BLOCK_ROWS=1, num_warps=8)
+    pinned = key(x, 8)
+    configs.FORCED_CONFIGS["rmsnorm_fwd"] = dict(BLOCK_ROWS=1, num_warps=2)
+    repinned = key(x, 8)
+    del configs.FORCED_CONFIGS["rmsnorm_fwd"]
+    monkeypatch.setattr(configs, "AUTOTUNE", not configs.AUTOTUNE)
+    assert len({before, pinned, repinned, key(x, 8)}) == 4
+
+
+def test_triton_launches_where_the_direct_call_is_not_available():
+    """The CPU interpreter (and V3_JIT_LAUNCH=1) launch through Triton, with the same results."""
+    if HAS_GPU:
+        pytest.skip("on a GPU the bound launch runs: test_gpu_bound_launch_matches_triton_s")
+    assert not common.BIND and not common._BOUND
+    x, w = torch.randn(5, 48), torch.randn(48)
+    y = tk.rms_norm(x, w)
+    assert torch.allclose(y, rmsnorm.rms_norm_reference(x, w), atol=1e-5)
+    assert not common._BOUND
+
+
+@pytest.mark.gpu
+def test_gpu_bound_launch_matches_triton_s(monkeypatch):
+    """Every kernel family, bound and through Triton, gives identical bits; a misaligned
+    view after an aligned one (same shapes) takes a new entry and still matches."""
+    assert common.BIND, "the bound launch should be available on this GPU"
+
+    def run():
+        torch.manual_seed(0)
+        x = torch.randn(33, 4, 96, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(96, device=DEVICE, requires_grad=True)
+        qkv = torch.randn(2, 40, 8, 32, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        cos, sin = torch.randn(40, 32, device=DEVICE), torch.randn(40, 32, device=DEVICE)
+        out = (tk.rms_norm(x, w).float().sum() + tk.swiglu(x).float().sum()
+               + tk.qkv_attention(qkv, cos, sin, 4).float().sum())
+        out.backward()
+        return [t.detach().clone() for t in (out, x.grad, w.grad, qkv.grad)]
+
+    monkeypatch.setattr(common, "BIND", False)
+    through_triton = run()
+    monkeypatch.setattr(common, "BIND", True)
+    run()  # binds
+    entries = len(common._BOUND)
+    bound = run()
+    assert len(common._BOUND) == entries  # the second step reuses every entry
+    assert all(torch.equal(a, b) for a, b in zip(bound, through_triton))
+
+    buffer = torch.randn(2 * 64 * 96 + 8, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(96, device=DEVICE, dtype=torch.bfloat16)
+    aligned, misaligned = buffer[:2 * 64 * 96].view(128, 96), buffer[1:1 + 2 * 64 * 96].view(128, 96)
+    assert misaligned.data_ptr() % 16
+    for x in (aligned, misaligned, aligned):
+        want = rmsnorm.rms_norm_reference(x.double(), w.double())
+        assert torch.allclose(tk.rms_norm(x, w).double(), want, atol=2e-2, rtol=2e-2)
+    assert len(common._BOUND) == entries + 2
+
+
+# ---- the eager path's depth --------------------------------------------------------------
+def project_frames(call) -> list[str]:
+    """The project's own Python functions one warm call enters before it hands a kernel to
+    common.launch (what launch does next is the bound or Triton's launch, timed by
+    benchmarks/host_overhead.py), in order."""
+    call()
+    entered, inside_launch = [], []
+
+    def watch(frame, event, arg):
+        code = frame.f_code
+        name = code.co_filename
+        if not name.startswith(str(REPO)) or "/tests/" in name or "-packages/" in name:
+            return
+        if event == "call":
+            if not inside_launch:
+                entered.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}")
+            if code is common.launch.__code__ or inside_launch:
+                inside_launch.append(code)
+        elif event == "return" and inside_launch:
+            inside_launch.pop()
+
+    sys.setprofile(watch)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+# The project frames of a warm eager call today (forward / forward + backward). A change
+# that adds layers shows up here: look at the host-overhead table before raising a number.
+DEPTH = {"rms_norm": (14, 29), "add_rms_norm": (17, 32), "swiglu": (11, 23), "qkv_attention": (32, 73)}
+
+
+@pytest.mark.parametrize("op", list(DEPTH))
+def test_the_eager_path_stays_shallow(op):
+    x = torch.randn(4, 64, device=DEVICE, requires_grad=True)
+    w = torch.randn(64, device=DEVICE, requires_grad=True)
+    qkv = torch.randn(1, 16, 8, 16, device=DEVICE, requires_grad=True)
+    cos, sin = torch.randn(16, 16, device=DEVICE), torch.randn(16, 16, device=DEVICE)
+    forward = {"rms_norm": lambda: tk.rms_norm(x, w), "add_rms_norm": lambda: tk.add_rms_norm(x, x, w)[1],
+               "swiglu": lambda: tk.swiglu(x), "qkv_attention": lambda: tk.qkv_attention(qkv, cos, sin, 4)}[op]
+    fwd = project_frames(forward)
+    both = project_frames(lambda: forward().sum().backward())
+    assert len(fwd) <= DEPTH[op][0] and len(both) <= DEPTH[op][1], (len(fwd), len(both), fwd, both)
