@@ -12,8 +12,12 @@ input (so the GPU finishes each kernel long before the next is launched) and
 we time many calls back to back on the CPU clock without waiting for the GPU.
 Microseconds per call = host time, the floor under any step that makes that call.
 
-Compare a raw Triton launch, version 3's launchers and autograd functions, and
-the PyTorch operations version 4 uses instead (F.rms_norm, SDPA).
+Two tables. The layers of one call: a plain torch op, Triton's own launch, V3's
+bound launch (common.py), the launcher with its output buffers, the torch.library
+operator. Then every V3 operation beside the PyTorch call it replaces in version 4
+(forward as a training step runs it, inputs requiring gradients, and forward +
+backward through autograd), with the kernels each launches: a V3 row names its
+PyTorch row in "replaces", and costs the host no more when its ratio is <= 1.
 """
 from __future__ import annotations
 
@@ -34,45 +38,130 @@ from harness.measure import host_ms  # noqa: E402
 
 
 def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
-    """(name, callable) pairs on tiny tensors: the GPU work is a few microseconds.
+    """[(name, call, replaces)] on tiny tensors: the GPU work is a few microseconds.
+    `replaces` names the PyTorch row a V3 row stands in for (None: a layer or a torch row).
     (On the CPU, under Triton's interpreter and in fp32, the tests call each once.)"""
-    x = torch.randn(8, 1024, device=dev, dtype=dt, requires_grad=True)
-    w = torch.ones(1024, device=dev, dtype=dt, requires_grad=True)
-    gy = torch.randn_like(x)
-    q, k, v = (torch.randn(1, 2, 64, 64, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
-    go = torch.randn_like(q)
+    from version2_fused import tiny_llama_v2 as v2
+    from version3_triton.kernels import common, rmsnorm
+    from version4_sdpa.tiny_llama_v4 import causal_sdpa
+
+    def leaf(*shape, dtype=dt):
+        return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
+
+    # RMSNorm at the small preset's width; attention with 4 query and 2 key/value heads.
+    x, delta, w = leaf(8, 1024), leaf(8, 1024), leaf(1024)
+    B, T, H, H_kv, D = 1, 64, 4, 2, 64
+    qkv = leaf(B, T, H + 2 * H_kv, D)
+    q, k, v = (leaf(B, heads, T, D) for heads in (H, H_kv, H_kv))
+    angles = torch.rand(T, D // 2, device=dev)
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))
+    gate_up = leaf(8, 2 * 1024)
+    h, lm_head, targets = leaf(64, 256), leaf(1024, 256), torch.randint(0, 1024, (64,), device=dev)
     y, rstd = tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)
-    o, lse = tk.attention_forward(q.detach(), k.detach(), v.detach(), 0.125)
 
-    from version3_triton.kernels.rmsnorm import _rmsnorm_fwd_kernel
+    def jit_launch():  # Triton's own launch, every argument fixed, no autotuner
+        rmsnorm._rmsnorm_fwd_kernel[(8,)](x, None, w, None, y, rstd, 8, 1024, 1024, 0, 1024,
+                                          1e-5, ADD_DELTA=False, BLOCK_ROWS=1, BLOCK_COLS=1024,
+                                          num_warps=4, num_stages=1)
 
-    def raw_rmsnorm_launch():  # the Triton launch alone, every argument fixed, no autotuner
-        _rmsnorm_fwd_kernel[(8,)](x, x, w, y, y, rstd, 8, 1024, 1024, 0, 1024, 1e-5,
-                                  ADD_DELTA=False, BLOCK_ROWS=1, BLOCK_COLS=1024,
-                                  num_warps=4, num_stages=1)
+    def v3_launch():  # the same kernel through common.launch: bound after the first call
+        common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, ["BLOCK_COLS"], lambda c: (8,),
+                      x, None, w, None, y, rstd, 8, 1024, 1024, 0, 1024, 1e-5,
+                      ADD_DELTA=False, BLOCK_COLS=1024)
 
-    def grads(fn, inputs, grad_out):
-        return lambda: torch.autograd.grad(fn(*inputs), inputs, grad_out)
+    def through_triton():
+        bind, common.BIND = common.BIND, False
+        try:
+            v3_launch()
+        finally:
+            common.BIND = bind
 
-    return [
-        ("torch: x + 1 (one elementwise kernel)", lambda: x.detach() + 1),
-        ("triton: raw rmsnorm launch", raw_rmsnorm_launch),
-        ("v3: rmsnorm_forward (operator)", lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)),
-        ("v3: rmsnorm_backward (operator)",
-         lambda: tk.rmsnorm_backward(gy, x.detach(), w.detach(), rstd)),
-        ("torch: F.rms_norm forward", lambda: F.rms_norm(x.detach(), (1024,), w.detach(), 1e-5)),
-        ("v3: rms_norm fwd+bwd (autograd)", grads(lambda a, b: tk.rms_norm(a, b, 1e-5), (x, w), gy)),
-        ("torch: F.rms_norm fwd+bwd", grads(lambda a, b: F.rms_norm(a, (1024,), b, 1e-5), (x, w), gy)),
-        ("v3: attention_forward (operator)",
-         lambda: tk.attention_forward(q.detach(), k.detach(), v.detach(), 0.125)),
-        ("v3: attention_backward (operator)",
-         lambda: tk.attention_backward(go, q.detach(), k.detach(), v.detach(), o, lse, 0.125)),
-        ("torch: SDPA forward", lambda: F.scaled_dot_product_attention(
-            q.detach(), k.detach(), v.detach(), is_causal=True)),
-        ("v3: flash_attention fwd+bwd (autograd)", grads(tk.flash_attention, (q, k, v), go)),
-        ("torch: SDPA fwd+bwd", grads(lambda a, b, c: F.scaled_dot_product_attention(
-            a, b, c, is_causal=True), (q, k, v), go)),
+    def torch_rope(t):  # V4: V2's rotation on the (B, heads, T, D) view
+        return v2.apply_rope(t.transpose(1, 2), cos, sin).transpose(1, 2)
+
+    def torch_qkv_attention(t):  # V4: split, rotate q and k, SDPA
+        q_, k_, v_ = t.split([H, H_kv, H_kv], dim=2)
+        return causal_sdpa(*(v2.apply_rope(s.transpose(1, 2), cos, sin) for s in (q_, k_)),
+                           v_.transpose(1, 2))
+
+    silu_mul = (v2.silu_mul_one_kernel() if dev == "cuda" and v2.can_generate_kernels()
+                else v2.silu_mul)  # what V2/V4's SwiGLU runs on this device
+
+    def torch_swiglu(t):
+        return silu_mul(*t.chunk(2, dim=-1))
+
+    def torch_add_rms_norm(a, b, weight):
+        s = a + b
+        return s, F.rms_norm(s, (1024,), weight, 1e-5)
+
+    def torch_cross_entropy(a, weight):
+        return F.cross_entropy(F.linear(a, weight).float(), targets)
+
+    # (V3 name, V3 call, PyTorch name, PyTorch call, the inputs, their gradient's shape)
+    pairs = [
+        ("rms_norm", lambda a, b: tk.rms_norm(a, b, 1e-5),
+         "F.rms_norm", lambda a, b: F.rms_norm(a, (1024,), b, 1e-5), (x, w)),
+        ("add_rms_norm", lambda a, b, c: tk.add_rms_norm(a, b, c, 1e-5)[1],
+         "x + delta, F.rms_norm", lambda a, b, c: torch_add_rms_norm(a, b, c)[1], (x, delta, w)),
+        ("rope", lambda t: tk.rope(t, cos, sin), "V2's apply_rope", torch_rope, (q.transpose(1, 2),)),
+        ("swiglu", tk.swiglu, "V2's silu_mul", torch_swiglu, (gate_up,)),
+        ("qkv_attention", lambda t: tk.qkv_attention(t, cos, sin, H),
+         "split, apply_rope x2, SDPA", torch_qkv_attention, (qkv,)),
+        ("flash_attention", tk.flash_attention,
+         "SDPA", lambda a, b, c: causal_sdpa(a, b, c), (q, k, v)),
+        ("linear_cross_entropy", lambda a, b: tk.linear_cross_entropy(a, b, targets),
+         "linear, cross_entropy", torch_cross_entropy, (h, lm_head)),
     ]
+    rows = [
+        ("torch: x + 1 (one elementwise kernel)", lambda: x.detach() + 1, None),
+        ("triton: JIT launch, kernel[grid](...)", jit_launch, None),
+        ("v3: common.launch, bound (CompiledKernel called directly)", v3_launch, None),
+        ("v3: common.launch through Triton (V3_JIT_LAUNCH=1)", through_triton, None),
+        ("v3: rmsnorm_forward (+ its 2 output buffers)",
+         lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5), None),
+        ("v3: the torch.library operator (torch.compile's path)",
+         lambda: rmsnorm._forward_op(x.detach(), w.detach(), 1e-5), None),
+    ]
+    for v3_name, v3_call, torch_name, torch_call, inputs in pairs:
+        grad_out = torch.ones_like(torch_call(*inputs))
+        for part in ("forward", "fwd+bwd"):
+            torch_row = f"torch: {torch_name} {part}"
+            rows.append((torch_row, _call(part, torch_call, inputs, grad_out), None))
+            rows.append((f"v3: {v3_name} {part}", _call(part, v3_call, inputs, grad_out), torch_row))
+    return rows
+
+
+def _call(part: str, fn, inputs, grad_out):
+    """The forward as a training step runs it (inputs requiring gradients), or forward +
+    backward through autograd."""
+    if part == "forward":
+        return lambda: fn(*inputs)
+    return lambda: torch.autograd.grad(fn(*inputs), inputs, grad_out)
+
+
+def launches(fn) -> int:
+    """Kernels (and memsets/copies) one call puts on the GPU, counted by PyTorch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd import DeviceType
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+
+def measure(calls) -> list[dict]:
+    rows = [{"call": name, "host_us": 1000 * host_ms(fn, calls=200, repeats=5, warmup=5),
+             "launches": launches(fn), "replaces": replaces} for name, fn, replaces in calls]
+    by_name = {r["call"]: r for r in rows}
+    for row in rows:
+        if row["replaces"]:
+            row["ratio"] = row["host_us"] / by_name[row["replaces"]]["host_us"]
+        else:
+            del row["replaces"]
+    return rows
 
 
 def profile_text(fn, top: int, calls: int = 300) -> str:
@@ -90,33 +179,39 @@ def profile_text(fn, top: int, calls: int = 300) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
-                        help="also print the N functions with the most Python time per fwd+bwd")
+                        help="also print the N functions with the most Python time per V3 fwd+bwd")
     parser.add_argument("--output", help="write the table as JSON here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: host_overhead.py measures GPU launches; no CUDA/ROCm GPU here", file=sys.stderr)
         return 2
     from version3_triton import kernels as tk
+    from version3_triton.kernels import common
     import triton
 
     calls = cases(tk)
-    rows = [{"call": name, "host_us": 1000 * host_ms(fn, calls=200, repeats=5, warmup=5)}
-            for name, fn in calls]
+    rows = measure(calls)
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
-          f"triton {triton.__version__}: host microseconds per call (median of 5 x 200 calls)")
-    print(f"  {'call':42s} {'us':>8s}")
+          f"triton {triton.__version__}, V3 launches {'bound' if common.BIND else 'through Triton'}: "
+          f"host microseconds per call (median of 5 x 200 calls)")
+    print(f"  {'call':58s} {'us':>7s} {'kernels':>7s} {'v3/torch':>8s}")
     for row in rows:
-        print(f"  {row['call']:42s} {row['host_us']:8.1f}")
+        ratio = f"{row['ratio']:8.2f}" if "ratio" in row else ""
+        print(f"  {row['call']:58s} {row['host_us']:7.1f} {row['launches']:7d} {ratio}")
+    paired = [r for r in rows if "ratio" in r]
+    dearer = [r["call"] for r in paired if r["ratio"] > 1]
+    print(f"{len(paired) - len(dearer)} of {len(paired)} V3 calls cost the host no more than the "
+          f"PyTorch call they replace" + (f"; dearer: {', '.join(dearer)}" if dearer else ""))
     if args.cprofile:
-        for name, fn in calls:
-            if "fwd+bwd (autograd)" in name:
+        for name, fn, _ in calls:
+            if name.startswith("v3:") and name.endswith("fwd+bwd"):
                 print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
                 print(profile_text(fn, args.cprofile))
     if args.output:
         results.write_json(args.output, {  # never a half-written file
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,
             "triton": triton.__version__, "git_commit": results.git_commit(),
-            "created": results.now(), "rows": rows})
+            "created": results.now(), "bound_launch": common.BIND, "rows": rows})
     return 0
 
 

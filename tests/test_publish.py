@@ -159,10 +159,12 @@ def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkey
     monkeypatch.setattr(publish, "_plots", lambda *a: None)
     measured = {"device": "GPU X", "torch": "2.11", "triton": "3.6", "git_commit": "abc1234",
                 "created": "2031-01-02T03:04:05+00:00",
-                "rows": [{"call": "torch: x + 1 (one elementwise kernel)", "host_us": 6.25},
-                         {"call": "v3: rms_norm fwd+bwd (autograd)", "host_us": 474.4}]}
+                "rows": [{"call": "torch: F.rms_norm fwd+bwd", "host_us": 150.0, "launches": 3},
+                         {"call": "v3: rms_norm fwd+bwd", "host_us": 120.0, "launches": 2,
+                          "replaces": "torch: F.rms_norm fwd+bwd", "ratio": 0.8}]}
     text = blocks.render("host-overhead", {"host_overhead": measured})
-    assert "| v3: rms_norm fwd+bwd (autograd) | 474.4 |" in text and "GPU X" in text and "2031-01-02" in text
+    assert "| v3: rms_norm fwd+bwd | 120.0 | 2 | 0.80 |" in text and "GPU X" in text and "2031-01-02" in text
+    assert "1 of 1 V3 calls cost the host no more than the PyTorch call they replace" in text
     pub, work = tmp_path / "h200", tmp_path / "work"
     shutil.copytree(REPO / "docs/published/h200", pub)
     work.mkdir()

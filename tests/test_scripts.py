@@ -106,8 +106,15 @@ def test_host_overhead_cases_run_in_the_interpreter():
     import host_overhead
     from version3_triton import kernels as tk
 
-    for name, call in host_overhead.cases(tk, "cpu", torch.float32):
+    rows = host_overhead.cases(tk, "cpu", torch.float32)
+    for name, call, replaces in rows:
         call()
+    names = [name for name, _, _ in rows]
+    # every V3 operation with a PyTorch counterpart, forward and forward + backward, beside it
+    for op in ("rms_norm", "add_rms_norm", "rope", "swiglu", "qkv_attention", "linear_cross_entropy"):
+        for part in ("forward", "fwd+bwd"):
+            replaces = dict((n, r) for n, _, r in rows)[f"v3: {op} {part}"]
+            assert replaces in names and replaces.startswith("torch: ") and replaces.endswith(part)
 
 
 @pytest.mark.parametrize("command, needle", [

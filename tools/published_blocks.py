@@ -157,8 +157,15 @@ def host_overhead_table(s: dict) -> str:
     h = s.get("host_overhead")
     if not h:
         return PLACEHOLDER
-    rows = [[r["call"], num(r["host_us"], ",.1f")] for r in h["rows"]]
-    return (table(["call (tiny input: the GPU waits for the host)", "host us per call"], rows)
+    rows = [[r["call"], num(r["host_us"], ",.1f"), str(r.get("launches", "-")),
+             num(r.get("ratio"), ".2f") if r.get("replaces") else ""] for r in h["rows"]]
+    paired = [r for r in h["rows"] if r.get("replaces")]
+    dearer = [r["call"] for r in paired if r.get("ratio", 0) > 1]
+    verdict = (f"\n\n{len(paired) - len(dearer)} of {len(paired)} V3 calls cost the host no more than "
+               f"the PyTorch call they replace (the row above each)"
+               + (f"; dearer: {', '.join(dearer)}." if dearer else ".")) if paired else ""
+    return (table(["call (tiny input: the GPU waits for the host)", "host us per call",
+                   "kernels per call", "V3 / PyTorch"], rows) + verdict
             + f"\n\nMeasured on {h.get('device', '?')} (torch {h.get('torch', '?')}, triton "
               f"{h.get('triton', '?')}), {(h.get('created') or '?')[:10]}, by `bash "
               "benchmarks/reproduce.sh kernels` (`python benchmarks/host_overhead.py`).")
