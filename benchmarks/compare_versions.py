@@ -352,6 +352,9 @@ def parse_args(argv):
                         "compile-master,reduce-overhead-master (default: eager,compile,reduce-overhead on a GPU, eager on CPU)")
     p.add_argument("--peer-modes", default="compile", help="modes for the HF peer")
     p.add_argument("--repeats", type=int, default=2, help="rounds over all (version, mode) pairs")
+    p.add_argument("--eager-repeats", type=int, default=None,
+                   help="rounds of the eager pairs (default: --repeats); more where the host sets "
+                        "the pace and one process differs from the next by a fifth")
     p.add_argument("--num-steps", type=int, default=30)
     p.add_argument("--warmup-steps", type=int, default=None,
                    help=f"steps excluded from timing (default: {WARMUP_STEPS}, at most half of "
@@ -367,7 +370,10 @@ def parse_args(argv):
                    help="continue an incomplete --output of the same settings: run only the missing runs")
     p.add_argument("--report", metavar="JSON", help="only print the table of a saved comparison")
     args = p.parse_args(argv)
-    for flag, value in (("--repeats", args.repeats), ("--num-steps", args.num_steps)):
+    if args.eager_repeats is None:
+        args.eager_repeats = args.repeats
+    for flag, value in (("--repeats", args.repeats), ("--eager-repeats", args.eager_repeats),
+                        ("--num-steps", args.num_steps)):
         if value <= 0:
             raise UsageError(f"{flag} must be > 0 (got {value})")
     if args.warmup_steps is None:
@@ -447,6 +453,7 @@ def compare(args) -> dict:
                   "preset": preset, "precision": precision, "config": p.model.to_dict(),
                   "batch_size": p.batch_size, "seq_len": p.seq_len, "num_steps": args.num_steps,
                   "warmup_steps": args.warmup_steps, "repeats": args.repeats,
+                  "eager_repeats": args.eager_repeats,
                   "ceiling": {"matmul_tflops": ceiling, "probes": [probe], "spread_percent": None,
                               "source": f"measured: benchmarks.probes.matmul_probe({precision}), "
                                         "before and after the runs; the higher of the two"},
@@ -456,19 +463,24 @@ def compare(args) -> dict:
           f"{torch.__version__}; {len(pairs)} (version, mode) pairs x {args.repeats} repeats; "
           f"matmul ceiling {ceiling:.3g} TFLOP/s (measured)", flush=True)
     done = {(r["version"], r["mode"], r["repeat"]) for r in report["runs"]}
+    rounds = max(args.repeats, args.eager_repeats)
+
+    def due(mode: str, repeat: int) -> bool:  # eager pairs run --eager-repeats rounds
+        return repeat < (args.eager_repeats if mode == "eager" else args.repeats)
     if previous:
-        todo = sum((*pair, rep) not in done for pair in pairs for rep in range(args.repeats))
+        todo = sum((*pair, rep) not in done and due(pair[1], rep)
+                   for pair in pairs for rep in range(rounds))
         print(f"compare: resuming {output}: {len(report['runs'])} runs kept, {todo} to run", flush=True)
     with tempfile.TemporaryDirectory(prefix="compare_") as workdir:
-        for repeat in range(args.repeats):
+        for repeat in range(rounds):
             for i in range(len(pairs)):
                 name, mode = pairs[(i + repeat) % len(pairs)]  # rotate the starting pair
-                if (name, mode, repeat) in done:
+                if (name, mode, repeat) in done or not due(mode, repeat):
                     continue
                 extra = ["--sdpa-backend", args.sdpa_backend] if name == "v4" else []
                 row = run_one(name, mode, repeat, common + extra, Path(workdir))
                 speed = f"{row['tokens_per_s']:,.0f} tok/s" if row["exit_code"] == 0 else row["error"]
-                print(f"  [{repeat + 1}/{args.repeats}] {name:3s} {mode:16s} {speed} "
+                print(f"  [{repeat + 1}/{rounds}] {name:3s} {mode:16s} {speed} "
                       f"({row['wall_s']} s)", flush=True)
                 report["runs"].append(row)
                 summary = Summary(report["runs"], ceiling)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 27 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 32 minutes on an H200
 #                                                 # (scaling, on 2+ GPUs only: about 26 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
@@ -30,7 +30,8 @@
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
 # WARMUP (10 warm-up steps before them), ROWS (a pattern: run only the rows of a step whose
-# names match it, e.g. ROWS='v4_*'), REPEATS (1: rounds of each comparison), BASELINE
+# names match it, e.g. ROWS='v4_*'), REPEATS (1: rounds of each comparison), EAGER_REPEATS (3:
+# rounds of the medium and small comparisons' eager rows, which the host paces), BASELINE
 # (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES / LARGE_MODES (the compare_versions
 # --modes; medium: eager,compile,reduce-overhead-master, small: eager,reduce-overhead, large:
 # reduce-overhead-master). max-autotune is left out by default (minutes of
@@ -60,8 +61,8 @@ ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers
 describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~5 min    compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (10 runs, 6 of them compiled); SDPA backends" ;;
-        compare-small)  echo "~2.5 min  compare_small.json: the same on the launch-bound small preset (eager and CUDA/HIP graphs)" ;;
+        compare-medium) echo "~7.5 min  compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (18 runs: each eager row 3 times, 6 compiled); SDPA backends" ;;
+        compare-small)  echo "~4.5 min  compare_small.json: the same on the launch-bound small preset (eager rows 3 times, CUDA/HIP graphs)" ;;
         kernels)        echo "~2.3 min  kernels.json: V3's Triton kernels against PyTorch (version3_triton/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
         analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
@@ -209,14 +210,17 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
     [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     [ "$preset" = small ] && modes=${SMALL_MODES:-eager,reduce-overhead}
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
+    # Eager rows are paced by the host and move by a fifth from one process to the next: each
+    # is the median of EAGER_REPEATS processes (its spread kept, and judged by regress).
+    local eager=${EAGER_REPEATS:-3}; [ $QUICK = 1 ] && eager=$REPEATS
     if [ "$preset" = large ]; then  # the targets' versions; V1 runs eager, its one mode
-        versions=v1,v3,v4,hf; modes=${LARGE_MODES:-reduce-overhead-master}; sweep=()
+        versions=v1,v3,v4,hf; modes=${LARGE_MODES:-reduce-overhead-master}; sweep=(); eager=$REPEATS
         [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     fi
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
     local resume=(--resume); [ $FORCE = 1 ] && resume=()
     $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
-        --versions $versions --modes $modes --peer-modes $peers --repeats $REPEATS \
+        --versions $versions --modes $modes --peer-modes $peers --repeats $REPEATS --eager-repeats $eager \
         --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" "${resume[@]}" --output "$out" \
         2>> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
     finished "$out" || { say "   compare_$preset: incomplete (see $W/compare_$preset.log); run the step again to continue it"; failed=1; }

@@ -362,6 +362,25 @@ def test_regress_checks_a_row_whose_options_changed(v1):
         check([base, other], [new])
 
 
+def test_regress_judges_a_row_measured_over_several_processes_against_its_spread(v1):
+    """A comparison row keeps the tokens/s of each process: a drop inside the spread those
+    processes showed is noise (ok), one beyond it is still a regression."""
+    from analysis_tools.regress import check
+    speed = v1["throughput"]["tokens_per_s"]
+
+    def row(median, repeats):
+        return {**v1, "throughput": {"tokens_per_s": median}, "repeats": {"n": len(repeats),
+                                                                         "tokens_per_s": repeats}}
+    noisy = row(speed, [0.85 * speed, speed, 1.1 * speed])  # 25% spread
+    table, _ = check([noisy], [row(0.82 * speed, [0.8 * speed, 0.82 * speed, 0.83 * speed])])
+    throughput = table[table["metric"] == "throughput"].iloc[0]
+    assert throughput["status"] == "ok" and throughput["tolerance %"] == pytest.approx(25)
+    table, _ = check([noisy], [row(0.7 * speed, [0.69 * speed, 0.7 * speed, 0.71 * speed])])
+    assert "REGRESSED" in set(table[table["metric"] == "throughput"]["status"])
+    table, _ = check([v1], [{**v1, "throughput": {"tokens_per_s": 0.9 * speed}}])  # one process each
+    assert "REGRESSED" in set(table[table["metric"] == "throughput"]["status"])
+
+
 @pytest.mark.parametrize("name", ["compare_medium.json", "compare_small.json", "compare_large.json"])
 def test_the_published_set_passes_its_own_compare(name):
     """The numbers the README quotes carry no do-not-quote line: master weights in the best

@@ -192,3 +192,25 @@ def test_compare_versions_resume_runs_only_the_missing_runs(tmp_path, monkeypatc
     assert {s["version"] for s in saved["summary"]} == {"v1", "v4"}
     ran.clear()  # resuming a complete comparison runs nothing
     assert script.main([*argv, "--resume"]) == 0 and ran == []
+
+
+def test_eager_rows_run_more_rounds_than_compiled_ones(tmp_path, monkeypatch):
+    """--eager-repeats 3 --repeats 1: each eager row is the median of three processes (the host
+    paces them), each compiled row of one, interleaved; the rows keep their spread."""
+    script = importlib.import_module("benchmarks.compare_versions")
+    ran = []
+
+    def fake_run(name, mode, repeat, common, workdir):
+        ran.append((name, mode, repeat))
+        return row(name, mode, repeat, 1000.0 + 100 * repeat)
+
+    monkeypatch.setattr(script, "run_one", fake_run)
+    out = tmp_path / "compare_tiny.json"
+    assert script.main(["--preset", "tiny", "--device", "cpu", "--versions", "v1,v2",
+                        "--modes", "eager,compile", "--repeats", "1", "--eager-repeats", "3",
+                        "--num-steps", "2", "--warmup-steps", "1", "--output", str(out)]) == 0
+    assert sorted(ran) == sorted([("v1", "eager", r) for r in range(3)] + [("v2", "eager", r) for r in range(3)]
+                                 + [("v2", "compile", 0)])
+    summary = {(s["version"], s["mode"]): s for s in json.loads(out.read_text())["summary"]}
+    assert summary[("v2", "eager")]["runs"] == 3 and summary[("v2", "eager")]["tokens_per_s_max"] == 1200.0
+    assert summary[("v2", "compile")]["runs"] == 1
