@@ -91,6 +91,21 @@ def memory_kind(result: dict) -> str:
     return "allocated (GPU)" if "peak_allocated_mb" in result["memory"] else "process RSS (CPU)"
 
 
+def memory_column(results: list[dict]) -> str:
+    """The table's peak-memory column: 'peak RSS MB' where every run measured the whole
+    process (a CPU run), 'peak MB' (the allocator's peak) otherwise."""
+    return "peak RSS MB" if all("peak_allocated_mb" not in r["memory"] for r in results) else "peak MB"
+
+
+# V3 writes this into the warnings of a run whose Triton kernels ran in Triton's CPU
+# interpreter: a correctness demo, seconds a step, whose speed measures nothing.
+INTERPRETER_MARK = "TRITON_INTERPRET=1"
+
+
+def interpreted(result: dict) -> bool:
+    return any(INTERPRETER_MARK in w for w in result.get("warnings", []))
+
+
 def save_figure(fig, out_dir, name: str) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

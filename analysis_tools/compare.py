@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -22,12 +23,12 @@ from matplotlib.ticker import StrMethodFormatter
 
 from harness.results import NOISY_SPREAD, SchemaError, is_noisy, step_spread, table_rows, validate
 
-from .common import (AnalysisError, load_results, memory_kind, plt, result_paths, save_figure,
-                     text_table, unique_labels)
+from .common import (INTERPRETER_MARK, AnalysisError, interpreted, load_results, memory_column, memory_kind, plt,
+                     result_paths, save_figure, text_table, unique_labels)
 
 FLOAT_FORMATS = {"tokens/s": ",.0f", "speedup": ".2f", "step ms": ".2f", "fwd ms": ".2f",
                  "bwd ms": ".2f", "opt ms": ".2f", "MFU %": ".1f", "peak MB": ",.0f",
-                 "final loss": ".4f", "spread %": ".1f", "p90/p10": ".2f"}
+                 "peak RSS MB": ",.0f", "final loss": ".4f", "spread %": ".1f", "p90/p10": ".2f"}
 COMPARE_VERSIONS_SCHEMA = "compare_versions/1"
 MODE_ORDER = ("eager", "compile", "reduce-overhead", "max-autotune")
 GUARD_BY_EXIT_CODE_NOTE = (
@@ -191,8 +192,11 @@ def spread_percent(result: dict) -> float | None:
     return (max(speeds) - min(speeds)) / statistics.median(speeds) * 100 if speeds else None
 
 
+INTERPRETED = "interpreted"  # the speed-up cell of a run in Triton's interpreter: no ratio
+
+
 def comparison_table(results: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(table_rows(results))
+    df = pd.DataFrame(table_rows(results)).rename(columns={"peak MB": memory_column(results)})
     df.insert(0, "run", unique_labels(results))
     df = df.drop(columns=["version"])
     df["final loss"] = [final_loss(r) for r in results]  # also runs that kept only the final loss
@@ -201,7 +205,7 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
     for r, tps in zip(results, df["tokens/s"]):
         base = next((b for b in results if b["version"] == "v1" and setup_key(b) == setup_key(r)), None)
         base_tps = base["throughput"]["tokens_per_s"] if base else None
-        speedups.append(tps / base_tps if base_tps and tps else None)
+        speedups.append(INTERPRETED if interpreted(r) else tps / base_tps if base_tps and tps else None)
     df["speedup"] = speedups
     if all(spread is None for spread in df["p90/p10"]):
         df = df.drop(columns=["p90/p10"])  # medians over repeats keep no percentiles
@@ -236,14 +240,15 @@ def suspicious(results: list[dict]) -> list[str]:
                    if fwd and bwd is not None and bwd < fwd else "")
             flags.append(f"{label}: gradient-flow guard missing or failed ({guard or 'no record'}){cut} "
                          "- its speed may come from not computing gradients")
-        if is_noisy(r):
+        if is_noisy(r) and not interpreted(r):  # an interpreted run shows no speed-up to doubt
             flags.append(f"{label}: step times spread {step_spread(r):.1f}x (p90/p10, over "
                          f"{NOISY_SPREAD}x): the machine was busy, its speed-up means little")
         mfu = r["mfu"]["value"]
         if mfu is not None and mfu > 1.0:
             flags.append(f"{label}: MFU {mfu * 100:.0f}% is above 100% - the timing cannot be "
                          "right (missing synchronization?)")
-        flags += [f"{label}: {w}" for w in r.get("warnings", []) if "faster than forward" not in w]
+        flags += [f"{label}: {w}" for w in r.get("warnings", [])
+                  if "faster than forward" not in w and not (interpreted(r) and INTERPRETER_MARK in w)]
     if len({setup_key(r)[:3] for r in results}) > 1:
         flags.append("different model configs or shapes are compared: "
                      + "; ".join(sorted({f"{l}: batch {r['run']['batch_size']} x seq "
@@ -265,7 +270,14 @@ def suspicious(results: list[dict]) -> list[str]:
 def observations(results: list[dict]) -> list[str]:
     """What is true of the data and worth knowing, but no reason to distrust it."""
     notes = []
-    launch_bound = [label for label, r in zip(unique_labels(results), results) if guard_passed(r)
+    labels = unique_labels(results)
+    slow = [label for label, r in zip(labels, results) if interpreted(r)]
+    if slow:
+        notes.append(f"{', '.join(slow)}: the Triton kernels ran in Triton's CPU interpreter, a "
+                     "correctness demo taking seconds a step, so its speed is no measurement and no "
+                     "speed-up is shown (its losses still check the maths); the step-time plot "
+                     "draws it on a scale of its own. The GPU results are in docs/RESULTS.md")
+    launch_bound = [label for label, r in zip(labels, results) if guard_passed(r) and not interpreted(r)
                     and (r["timing_ms"]["backward"]["median"] or 0) < (r["timing_ms"]["forward"]["median"] or 0)]
     if launch_bound:
         notes.append(f"backward faster than forward ({', '.join(launch_bound)}) with the gradient "
@@ -297,11 +309,15 @@ def _bar_labels(ax, bars, texts):
 
 def _bars(n: int):
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * n + 2), 4.2))
+    _bar_axis(ax)
+    return fig, ax
+
+
+def _bar_axis(ax):
     ax.tick_params(axis="x", rotation=25)
     plt.setp(ax.get_xticklabels(), ha="right", rotation_mode="anchor")
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    return fig, ax
 
 
 def _title(text: str, note: str) -> str:
@@ -317,7 +333,8 @@ def plot_throughput(df: pd.DataFrame, out_dir, name="compare_throughput.png", re
               [max(s) - t if s else 0 for t, s in zip(df["tokens/s"], spread)]]
     bars = ax.bar(df["run"], df["tokens/s"], color="tab:blue",
                   yerr=errors if any(spread) else None, capsize=3, ecolor="black")
-    _bar_labels(ax, bars, [f"{t:,.0f}" + (f"\n{s:.2f}x V1" if s == s and s is not None else "")
+    _bar_labels(ax, bars, [f"{t:,.0f}" + (f"\n{s}" if isinstance(s, str) else
+                                          f"\n{s:.2f}x V1" if s == s and s is not None else "")
                            for t, s in zip(df["tokens/s"], df["speedup"])])
     ax.set_ylabel("throughput (tokens/s, median step)")
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
@@ -327,11 +344,9 @@ def plot_throughput(df: pd.DataFrame, out_dir, name="compare_throughput.png", re
     return save_figure(fig, out_dir, name)
 
 
-def plot_step_breakdown(df: pd.DataFrame, out_dir, name="compare_step_time.png", note=""):
-    """Stacked forward/backward/optimizer; 'other' is the rest of the step (launch gaps, data)."""
+def _step_bars(ax, df: pd.DataFrame):
     parts = df[["fwd ms", "bwd ms", "opt ms"]].fillna(0)
     other = (df["step ms"] - parts.sum(axis=1)).clip(lower=0)
-    fig, ax = _bars(len(df))
     bottom = pd.Series(0.0, index=df.index)
     for column, label, color in (("fwd ms", "forward", "tab:blue"), ("bwd ms", "backward", "tab:orange"),
                                  ("opt ms", "optimizer", "tab:green")):
@@ -339,17 +354,36 @@ def plot_step_breakdown(df: pd.DataFrame, out_dir, name="compare_step_time.png",
         bottom += parts[column]
     bars = ax.bar(df["run"], other, bottom=bottom, label="other (gaps, data)", color="tab:gray")
     _bar_labels(ax, bars, [f"{ms:.1f} ms" for ms in df["step ms"]])
-    ax.set_ylabel("time per step (ms, medians)")
     ax.margins(y=0.1)
-    ax.set_title(_title("Where a training step goes, lower is better", note))
-    ax.legend()
+
+
+def plot_step_breakdown(df: pd.DataFrame, out_dir, name="compare_step_time.png", note="", apart=()):
+    """Stacked forward/backward/optimizer; 'other' is the rest of the step (launch gaps, data).
+    The rows whose index is in `apart` (runs in Triton's interpreter: seconds a step, where the
+    others take milliseconds) get a panel with a scale of their own, so every bar stays readable."""
+    alone = df.index.isin(list(apart))
+    if not alone.any() or alone.all():
+        fig, ax = _bars(len(df))
+        _step_bars(ax, df)
+        axes = [ax]
+    else:
+        fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.1 * len(df) + 3), 4.2),
+                                 gridspec_kw={"width_ratios": [(~alone).sum() + 1, alone.sum() + 1]})
+        for ax, part in zip(axes, (df[~alone], df[alone])):
+            _bar_axis(ax)
+            _step_bars(ax, part)
+        axes[1].set_title("Triton's CPU interpreter\n(its own scale)", fontsize=9)
+    axes[0].set_ylabel("time per step (ms, medians)")
+    fig.suptitle(_title("Where a training step goes, lower is better", note))
+    axes[0].legend()
     return save_figure(fig, out_dir, name)
 
 
 def plot_memory(df: pd.DataFrame, results: list[dict], out_dir, name="compare_memory.png", note=""):
     fig, ax = _bars(len(df))
-    bars = ax.bar(df["run"], df["peak MB"], color="tab:purple")
-    _bar_labels(ax, bars, [f"{mb:,.0f}" for mb in df["peak MB"]])
+    peak = df[memory_column(results)]
+    bars = ax.bar(df["run"], peak, color="tab:purple")
+    _bar_labels(ax, bars, [f"{mb:,.0f}" for mb in peak])
     kinds = sorted({memory_kind(r) for r in results})
     ax.set_ylabel(f"peak memory (MiB, {' / '.join(kinds)})")
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
@@ -371,10 +405,17 @@ def plot_losses(results: list[dict], labels: list[str], out_dir, name="compare_l
 
 
 def plot_prefix(paths) -> str:
-    """'compare', or the file's name for one compare_versions JSON: compare_medium.json
-    gives compare_medium_throughput.png, so two presets can share a folder."""
-    files = result_paths(paths)
-    return files[0].stem if len(files) == 1 and read_compare_versions(files[0]) else "compare"
+    """The plots' name, from what is compared, so that two comparisons sharing an output
+    folder keep their own plots: results/workshop gives compare_workshop_throughput.png,
+    v1.json and v3.json compare_v1_v3_throughput.png; one compare_versions JSON keeps its
+    own name (compare_medium.json gives compare_medium_throughput.png)."""
+    given = [Path(p) for p in paths]
+    files = result_paths(given)
+    if len(files) == 1 and read_compare_versions(files[0]):
+        return files[0].stem
+    names = [p.resolve().name if p.is_dir() else p.stem for p in given]
+    name = "_".join(names) if len(names) <= 4 else f"{'_'.join(names[:3])}_and_{len(names) - 3}_more"
+    return "compare_" + re.sub(r"[^\w.+-]", "-", name)
 
 
 def compare_runs(paths_or_results, out_dir=None, plots: bool = True, prefix: str | None = None) -> dict:
@@ -399,8 +440,9 @@ def compare_runs(paths_or_results, out_dir=None, plots: bool = True, prefix: str
         devices = sorted({r["device"]["name"] for r in results})
         note = ", ".join(filter(None, [shared, devices[0] if len(devices) == 1 else ""]))
         plotted = df.assign(run=short)
+        apart = [i for i, r in zip(df.index, results) if interpreted(r)]
         out["plots"] = [plot_throughput(plotted, out_dir, f"{prefix}_throughput.png", results, note),
-                        plot_step_breakdown(plotted, out_dir, f"{prefix}_step_time.png", note),
+                        plot_step_breakdown(plotted, out_dir, f"{prefix}_step_time.png", note, apart),
                         plot_memory(plotted, results, out_dir, f"{prefix}_memory.png", note)]
         curves = [(label, r) for label, r in zip(short, results) if r["losses"]]
         if curves:

@@ -100,7 +100,7 @@ def test_compare_table_speedup_and_plots(v1, tmp_path):
     out = compare_runs([v1, v4], out_dir=tmp_path / "plots")
     table = out["table"]
     assert list(table["run"]) == ["v1 tiny fp32", "v4 tiny fp32"]
-    for column in ("tokens/s", "speedup", "fwd ms", "bwd ms", "opt ms", "MFU %", "peak MB", "final loss"):
+    for column in ("tokens/s", "speedup", "fwd ms", "bwd ms", "opt ms", "MFU %", "peak RSS MB", "final loss"):
         assert column in table.columns
     assert table["speedup"].tolist() == pytest.approx([1.0, 2.0])
     assert table["final loss"].iloc[0] == pytest.approx(v1["losses"][-1])
@@ -149,6 +149,50 @@ def test_compare_cli_loud_flags_and_strict(v1, v1_path, tmp_path):
     assert "v3 tiny fp32" in proc.stdout and "3.00" in proc.stdout
     strict = analysis("compare", v1_path, tmp_path / "v3.json", "--no-plots", "--strict")
     assert strict.returncode == 1
+
+
+INTERPRETED = ("the Triton kernels ran in Triton's CPU interpreter (TRITON_INTERPRET=1): a "
+               "correctness demo, not a speed measurement")  # what V3 records on a CPU
+
+
+def test_an_interpreted_run_is_a_note_with_no_speedup_not_an_alarm(v1, tmp_path, monkeypatch):
+    """A workshop on a CPU: V3 in Triton's interpreter, seconds a step and busy-machine spread."""
+    from analysis_tools import compare
+    runs = tmp_path / "workshop"
+    base = steady(v1, runs / "v1.json")
+    faster(base, runs / "v2.json", version="v2", factor=1.2)
+    variant(base, runs / "v3.json", version="v3", warnings=[INTERPRETED],
+            **{"throughput.tokens_per_s": 50.0, "timing_ms.step.median": 2630.0,
+               "timing_ms.step.p10": 1000.0, "timing_ms.step.p90": 4000.0})
+    figures = {}
+    monkeypatch.setattr(compare, "save_figure", lambda fig, out_dir, name: figures.setdefault(name, fig))
+    out = compare.compare_runs([runs], out_dir=tmp_path / "plots")
+    table = out["table"].set_index("run")
+    assert table.loc["v3 tiny fp32", "speedup"] == "interpreted"
+    assert table.loc["v2 tiny fp32", "speedup"] == pytest.approx(1.2)
+    assert "peak RSS MB" in table.columns and "peak MB" not in table.columns  # a CPU measures RSS
+    assert out["flags"] == []
+    assert any("v3 tiny fp32" in n and "interpreter" in n for n in out["notes"]), out["notes"]
+    text = compare.format_report(out)
+    assert "SUSPICIOUS" not in text
+    assert "     50 interpreted " in next(line for line in text.splitlines() if line.startswith("v3"))
+    # the step-time plot draws V3 on a panel of its own: its bar does not flatten the others
+    panels = [ax for ax in figures["compare_workshop_step_time.png"].axes if ax.patches]
+    assert len(panels) == 2 and [t.get_text() for t in panels[1].get_xticklabels()] == ["v3"]
+
+
+def test_two_comparisons_in_one_folder_keep_their_own_plots(v1, tmp_path):
+    from analysis_tools import compare_runs
+    workshop, exercise = tmp_path / "workshop", tmp_path / "exercise"
+    steady(v1, workshop / "v1.json")
+    steady(v1, exercise / "v1_tiny.json")
+    faster(v1, exercise / "v2_tiny.json", version="v2")
+    first = compare_runs([workshop], out_dir=tmp_path / "plots")["plots"]
+    second = compare_runs([exercise / "v1_tiny.json", exercise / "v2_tiny.json"],
+                          out_dir=tmp_path / "plots")["plots"]
+    assert first[0].name == "compare_workshop_throughput.png"
+    assert second[0].name == "compare_v1_tiny_v2_tiny_throughput.png"
+    assert not set(first) & set(second)
 
 
 def test_bad_input_is_one_line(v1, tmp_path):
