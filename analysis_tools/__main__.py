@@ -11,7 +11,7 @@
   overlap   communication/compute overlap in PyTorch profiler traces of a data-parallel run
 
 Exit codes: 0 ok, 1 regression (regress) or suspicious results (compare --strict),
-2 bad input (one line on stderr).
+2 bad input (one line on stderr), 130 interrupted (Ctrl-C; a sweep keeps the previous one).
 """
 from __future__ import annotations
 
@@ -27,14 +27,30 @@ from harness.errors import WorkshopError
 from .common import AnalysisError, out_dir_default, parse_kv_list, text_table
 
 
-def _ints(text: str) -> list[int]:
+def _ints(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise AnalysisError(f"expected comma-separated integers, got {text!r}") from None
+        raise AnalysisError(f"{flag}: expected comma-separated integers, got {text!r}") from None
     if not values or min(values) <= 0:
-        raise AnalysisError(f"expected positive integers, got {text!r}")
+        raise AnalysisError(f"{flag}: expected positive integers, got {text!r}")
     return values
+
+
+LIST_FLAGS = ("--batch-sizes", "--seq-lens")
+
+
+def _attach_list_values(argv: list[str]) -> list[str]:
+    """'--batch-sizes -4,8' -> '--batch-sizes=-4,8': argparse takes a value that starts with
+    '-' for a flag of its own ('expected one argument'); attached, the value reaches the
+    check that says what is wrong with it."""
+    out = []
+    for token in argv:
+        if out and out[-1] in LIST_FLAGS and token.startswith("-") and token[1:2].isdigit():
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
 
 
 def _int_at_least(lowest: int):
@@ -161,22 +177,27 @@ def cmd_memory(args) -> int:
 
 def cmd_sweep(args) -> int:
     from training.workshop import device_preset
-    from .sweep import grid, plot_sweep, run_sweep
+    from .sweep import PLOTS, cpu_warning, grid, run_sweep, version_script
     if args.warmup_steps >= args.num_steps:
         raise AnalysisError(f"--warmup-steps ({args.warmup_steps}) must be below --num-steps "
                             f"({args.num_steps})")
     preset = args.preset or device_preset()
-    points = grid(preset, _ints(args.batch_sizes) if args.batch_sizes else None,
-                  _ints(args.seq_lens) if args.seq_lens else None,
+    points = grid(preset, _ints(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None,
+                  _ints(args.seq_lens, "--seq-lens") if args.seq_lens else None,
                   parse_precisions(args.precisions) if args.precisions else None,
                   _switches(args.grad_checkpoint), _switches(args.compile))
+    version_script(args.version)  # an unknown version: one line before anything runs
     out_dir = Path(args.out_dir) / f"sweep_{Path(args.version).stem}_{preset}"
-    print(f"sweep: {args.version}, preset {preset}, {len(points)} points -> {out_dir}")
+    print(f"sweep: {args.version}, preset {preset}, {len(points)} points -> {out_dir} "
+          f"(replaced when the sweep is complete)", flush=True)
+    warning = cpu_warning(args.version, preset, points, args.num_steps, args.warmup_steps)
+    if warning:
+        print(warning, flush=True)
     df = run_sweep(args.version, preset, points, out_dir, args.num_steps, args.warmup_steps, args.extra)
     shown = df.drop(columns=["results", "message"])
     print(text_table(shown, {"tokens_per_s": ",.0f", "peak_mb": ",.0f", "step_ms": ".2f", "mfu_pct": ".1f"}))
-    for p in plot_sweep(df, out_dir, args.version):
-        print(f"plot: {p}")
+    for *_, name in PLOTS:
+        print(f"plot: {out_dir / name}")
     print(f"table: {out_dir / 'sweep.csv'}")
     return 0
 
@@ -333,7 +354,7 @@ def build_parser() -> OneLineParser:
 
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_attach_list_values(list(sys.argv[1:] if argv is None else argv)))
         return args.func(args)
     except (AnalysisError, WorkshopError) as e:
         print(f"error: {e}", file=sys.stderr)

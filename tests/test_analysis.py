@@ -336,13 +336,69 @@ def test_sweep_records_failed_points_and_plots(v1_path, tmp_path):
         assert_png(folder / name)
 
 
-def test_sweep_runs_the_real_cli(tmp_path):
+def test_sweep_runs_the_real_cli(tmp_path, capsys):
     from analysis_tools import run_sweep, sweep_grid
     points = sweep_grid("tiny", batch_sizes=[2], seq_lens=[16])
     df = run_sweep("v1", "tiny", points, tmp_path, num_steps=3, warmup_steps=1, say=lambda *_: None)
     assert df["status"].tolist() == ["ok"], df["message"].tolist()
     r = load(df["results"][0])
     assert (r["run"]["batch_size"], r["run"]["seq_len"]) == (2, 16)
+    assert "v1_b2_s16_default | step     1/3" in capsys.readouterr().out  # the point's progress
+
+
+def fake_points(v1_path, interrupt_at=None):
+    """run_version standing in for each point's process: writes the point's result, or stops
+    as Ctrl-C does at point number interrupt_at."""
+    calls = []
+
+    def run_version(name, cmd):
+        calls.append(name)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        r = load(v1_path)
+        r.pop("_path", None)
+        batch = int(cmd[cmd.index("--batch-size") + 1])
+        r["run"]["batch_size"], r["throughput"]["tokens_per_s"] = batch, 1000.0 * batch
+        write_atomic(cmd[cmd.index("--output") + 1], r)
+        return 0, ""
+    return run_version
+
+
+def test_an_interrupted_sweep_leaves_the_previous_sweep_whole(v1_path, tmp_path, monkeypatch):
+    from analysis_tools import sweep
+    argv = ["sweep", "--preset", "tiny", "--num-steps", "3", "--warmup-steps", "1", "--out-dir", tmp_path]
+    monkeypatch.setattr(sweep, "run_version", fake_points(v1_path))
+    assert cli(*argv, "--batch-sizes", "2,4").returncode == 0
+    folder = tmp_path / "sweep_v1_tiny"
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert {p.name for p in before} >= {"sweep.csv", "sweep_throughput.png", "sweep_memory.png"}
+    monkeypatch.setattr(sweep, "run_version", fake_points(v1_path, interrupt_at=2))
+    stopped = cli(*argv, "--batch-sizes", "4,8")
+    assert stopped.returncode == 130 and stopped.stderr.strip() == "error: interrupted"
+    after = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert after == before  # no new point beside the old ones, the old table and plots
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep_v1_tiny"]  # no staging left
+    monkeypatch.setattr(sweep, "run_version", fake_points(v1_path))
+    assert cli(*argv, "--batch-sizes", "8").returncode == 0  # a complete sweep replaces it whole
+    assert pd.read_csv(folder / "sweep.csv")["batch_size"].tolist() == [8]
+    assert len(list((folder / "points").iterdir())) == 1
+
+
+def test_a_gpu_sized_sweep_on_a_cpu_says_so_first(monkeypatch):
+    from analysis_tools import sweep
+    from training import trainer
+    monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(trainer.probes, "cpu_matmul_flops", lambda: 100e9)  # a 100 GFLOP/s CPU
+    note = sweep.cpu_warning("v1", "medium", sweep.grid("medium", [8, 16]), 20, 5)
+    assert note.startswith("sweep: 2 points on a CPU; the largest, batch 16 x seq 512: v1: preset "
+                           "medium is sized for a GPU"), note
+    assert sweep.cpu_warning("v1", "tiny", sweep.grid("tiny"), 20, 5) is None
+
+
+def test_a_negative_batch_size_in_a_sweep_is_named_in_one_line():
+    out = cli("sweep", "--batch-sizes", "-4,8")
+    assert_one_line_error(out)
+    assert "--batch-sizes: expected positive integers, got '-4,8'" in out.stderr
 
 
 # ---------------------------------------------------------------- report
