@@ -199,9 +199,14 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """t as a (rows, n_cols) matrix whose rows the kernels step through by one stride."""
-    return last_dim_contiguous(t.reshape(-1, n_cols))
+def as_rows(t: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int, int]:
+    """(tensor, rows, row stride): t as a (rows, n_cols) matrix whose rows the kernels step
+    through by one stride. A contiguous t goes as it is - the kernels see only its address
+    and the strides - so the common case makes no view (each one costs the host a dispatch)."""
+    if n_cols and t.is_contiguous():
+        return t, t.numel() // n_cols, n_cols
+    t = last_dim_contiguous(t.reshape(-1, n_cols))
+    return t, t.shape[0], t.stride(0)
 
 
 # ---- operators: what torch.compile sees ---------------------------------------------------

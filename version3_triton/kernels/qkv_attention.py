@@ -44,12 +44,19 @@ def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: torch.Te
                            sin: torch.Tensor, n_heads: int, sm_scale: float) -> torch.Tensor:
     """The gradient of qkv (B, T, H + 2*H_kv, D), written in place by the kernels:
     dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs."""
+    return _backward(grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale,
+                     _split(qkv, qk, n_heads))
+
+
+def _backward(grad_o, qkv, qk, o, lse, cos, sin, n_heads: int, sm_scale: float, views: tuple):
+    """qkv_attention_backward given the q, k, v views (the forward keeps its own: each new
+    view is one more dispatch the host pays)."""
     H, H_kv = n_heads, qk.shape[2] - n_heads
     d_qkv = common.empty(qkv.shape, qkv.dtype, qkv.device)
     d_qk = common.empty(qk.shape, qk.dtype, qk.device)  # the rotated q's and k's gradient
     # Each kernel gets a whole tensor and the first head of its slot in it.
-    attention_backward_into(grad_o, *_split(qkv, qk, n_heads), o, lse, sm_scale,
-                            (d_qk, 0), (d_qk, H), (d_qkv, H + H_kv))
+    attention_backward_into(grad_o, *views, o, lse, sm_scale, (d_qk, 0), (d_qk, H),
+                            (d_qkv, H + H_kv))
     rope_into(d_qk, cos, sin, d_qkv, inverse=True)  # into d_qkv's first H + H_kv heads
     return d_qkv
 
@@ -81,16 +88,18 @@ class QKVAttention(torch.autograd.Function):
         operators = common.through_operators()
         H_kv = (qkv.shape[2] - n_heads) // 2
         qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
-        o, lse = (_forward_op if operators else attention_forward)(*_split(qkv, qk, n_heads),
-                                                                   sm_scale, None, None)
-        ctx.save_for_backward(qkv, qk, o, lse, cos, sin)
+        q, k, v = _split(qkv, qk, n_heads)
+        o, lse = (_forward_op if operators else attention_forward)(q, k, v, sm_scale, None, None)
+        ctx.save_for_backward(qkv, qk, o, lse, cos, sin, q, k, v)
         ctx.n_heads, ctx.sm_scale = n_heads, sm_scale
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
-        backward = _backward_op if common.through_operators() else qkv_attention_backward
-        d_qkv = backward(grad_o, *ctx.saved_tensors, ctx.n_heads, ctx.sm_scale)
+        *saved, q, k, v = ctx.saved_tensors
+        if common.through_operators():  # an operator takes tensors, not a tuple of views
+            return _backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale), None, None, None, None
+        d_qkv = _backward(grad_o, *saved, ctx.n_heads, ctx.sm_scale, (q, k, v))
         return d_qkv, None, None, None, None
 
 

@@ -192,21 +192,21 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
     common.check_device(x)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
-    x2 = common.as_rows(x, n_cols)
+    x2, n_rows, stride_x = common.as_rows(x, n_cols)
     y, rstd = _outputs(x, weight, out_dtype)
     h = d2 = None
+    stride_delta = 0
     if delta is not None:
         if delta.shape != x.shape:
             raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} is not x's shape "
                              f"{tuple(x.shape)}")
-        d2, h = common.as_rows(delta, n_cols), common.empty(x.shape, x.dtype, x.device)
-    n_rows = x2.shape[0]
+        (d2, _, stride_delta), h = common.as_rows(delta, n_cols), common.empty(x.shape, x.dtype,
+                                                                               x.device)
     if n_rows:
         common.launch(FWD, _rmsnorm_fwd_kernel, ["BLOCK_COLS"],
                       lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
-                      x2, d2, weight, h, y, rstd, n_rows, n_cols, x2.stride(0),
-                      0 if d2 is None else d2.stride(0), n_cols, eps,
-                      ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
+                      x2, d2, weight, h, y, rstd, n_rows, n_cols, stride_x, stride_delta, n_cols,
+                      eps, ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
     return h, y, rstd
 
 
@@ -227,14 +227,14 @@ def add_rmsnorm_forward(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 @functools.lru_cache(maxsize=None)
-def _compute_units(device: torch.device) -> int:
+def _compute_units(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _programs(x: torch.Tensor, n_rows: int) -> int:
     """One wave of programs: ~4 per compute unit, each walking a contiguous chunk of
     rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100)."""
-    return max(1, min(n_rows, 4 * _compute_units(x.device) if x.is_cuda else 3))
+    return max(1, min(n_rows, 4 * _compute_units(x.get_device()) if x.is_cuda else 3))
 
 
 def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
@@ -242,23 +242,22 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
-    x2, dy2 = common.as_rows(x, n_cols), common.as_rows(grad_y, n_cols)
-    dh2 = None if grad_h is None else common.as_rows(grad_h, n_cols)
-    n_rows = x2.shape[0]
-    dx = common.empty((n_rows, n_cols), x.dtype, x.device)
-    ddelta = None if delta_dtype is None else common.empty((n_rows, n_cols), delta_dtype, x.device)
+    (x2, n_rows, stride_x), (dy2, _, stride_dy) = (common.as_rows(x, n_cols),
+                                                   common.as_rows(grad_y, n_cols))
+    dh2, _, stride_dh = (None, 0, 0) if grad_h is None else common.as_rows(grad_h, n_cols)
+    dx = common.empty(x.shape, x.dtype, x.device)  # contiguous: its rows are n_cols apart
+    ddelta = None if delta_dtype is None else common.empty(x.shape, delta_dtype, x.device)
     if n_rows == 0:
-        return dx.view(x.shape), ddelta, torch.zeros_like(weight)
+        return dx, ddelta, torch.zeros_like(weight)
     programs = _programs(x, n_rows)
     partial = common.empty((programs, n_cols), torch.float32, x.device)
     common.launch(BWD, _rmsnorm_bwd_kernel, ["BLOCK_COLS"], lambda c: (programs,),
                   dy2, x2, weight, rstd, dh2, dx, ddelta, partial, n_rows, n_cols,
-                  common.cdiv(n_rows, programs), dy2.stride(0), x2.stride(0),
-                  0 if dh2 is None else dh2.stride(0), n_cols,
+                  common.cdiv(n_rows, programs), stride_dy, stride_x, stride_dh, n_cols,
                   ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
                   BLOCK_COLS=block_cols)
-    ddelta = None if ddelta is None else ddelta.view(x.shape)
-    return dx.view(x.shape), ddelta, partial.sum(dim=0).to(weight.dtype)
+    dw = partial.sum(dim=0)
+    return dx, ddelta, dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
 
 
 def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,

@@ -88,13 +88,13 @@ def swiglu_forward(gate_up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"swiglu wants [gate | up] in the last dim (an even size); got "
                          f"{tuple(gate_up.shape)}")
     n_cols = gate_up.shape[-1] // 2
-    gu = common.as_rows(gate_up, 2 * n_cols)
+    gu, rows, stride = common.as_rows(gate_up, 2 * n_cols)
     y = common.empty((*gate_up.shape[:-1], n_cols), gate_up.dtype, gate_up.device)
-    if y.numel():
+    if rows and n_cols:
         block = _block(n_cols)
         common.launch(FWD, _swiglu_fwd_kernel, ["BLOCK"],
-                      lambda c: (gu.shape[0], common.cdiv(n_cols, block)),
-                      gu, y, n_cols, gu.stride(0), n_cols, BLOCK=block)
+                      lambda c: (rows, common.cdiv(n_cols, block)),
+                      gu, y, n_cols, stride, n_cols, BLOCK=block)
     return y
 
 
@@ -102,14 +102,14 @@ def swiglu_backward(grad_y: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor
     """The gradient of gate_up, [d gate | d up], as one new tensor of its shape."""
     common.check_device(gate_up)
     n_cols = gate_up.shape[-1] // 2
-    gu, dy = common.as_rows(gate_up, 2 * n_cols), common.as_rows(grad_y, n_cols)
+    (gu, rows, stride), (dy, _, dy_stride) = (common.as_rows(gate_up, 2 * n_cols),
+                                              common.as_rows(grad_y, n_cols))
     d_gate_up = common.empty(gate_up.shape, gate_up.dtype, gate_up.device)
-    if d_gate_up.numel():
+    if rows and n_cols:
         block = _block(n_cols)
         common.launch(BWD, _swiglu_bwd_kernel, ["BLOCK"],
-                      lambda c: (gu.shape[0], common.cdiv(n_cols, block)),
-                      gu, dy, d_gate_up, n_cols, gu.stride(0), dy.stride(0), 2 * n_cols,
-                      BLOCK=block)
+                      lambda c: (rows, common.cdiv(n_cols, block)),
+                      gu, dy, d_gate_up, n_cols, stride, dy_stride, 2 * n_cols, BLOCK=block)
     return d_gate_up
 
 
