@@ -58,6 +58,7 @@ def build_report(paths, out_dir, ceilings_path=None, kernel_tables: dict | None 
           f"Device: **{device['name']}** ({device['backend']}), torch {device['torch']}; "
           f"report made {created} with `{command}`.", "",
           "## Runs", "", markdown_table(comp["table"], FLOAT_FORMATS), ""]
+    md += [f"Note: {n}" for n in comp["notes"]] + [""] * bool(comp["notes"])
     if comp["flags"]:
         md += ["**Suspicious results - check before quoting:**", ""]
         md += [f"- {f}" for f in comp["flags"]] + [""]
@@ -74,6 +75,7 @@ def build_report(paths, out_dir, ceilings_path=None, kernel_tables: dict | None 
              f"torch {html.escape(device['torch'])}. Made {created} with "
              f"<code>{html.escape(command)}</code>.</p>", "<h2>Runs</h2>",
              _html_table(comp["table"], FLOAT_FORMATS)]
+    parts += [f"<p>Note: {html.escape(n)}</p>" for n in comp["notes"]]
     if comp["flags"]:
         parts.append("<div class='flags'><b>Suspicious results - check before quoting:</b><ul>"
                      + "".join(f"<li>{html.escape(f)}</li>" for f in comp["flags"]) + "</ul></div>")

@@ -406,6 +406,7 @@ def test_report_is_self_contained(v1, tmp_path):
     runs = tmp_path / "runs"
     variant(v1, runs / "v1.json")
     faster(v1, runs / "v4.json")
+    variant(v1, runs / "v3.json", version="v3", warnings=[INTERPRETED])
     sweep = runs / "sweep_v1_tiny"
     sweep.mkdir()
     pd.DataFrame([{"batch_size": 2, "seq_len": 32, "status": "ok", "tokens_per_s": 10.0,
@@ -418,6 +419,8 @@ def test_report_is_self_contained(v1, tmp_path):
     assert "v4 tiny fp32" in html and "Sweep: sweep_v1_tiny" in html
     md = (tmp_path / "report" / "summary.md").read_text()
     assert "| run | precision | tokens/s |" in md and "![roofline](roofline.png)" in md
+    for text in (html, md):  # the note that says why V3 has no speed-up
+        assert "Note: v3 tiny fp32: the Triton kernels ran in Triton" in text and "CPU interpreter" in text
 
 
 # ---------------------------------------------------------------- regress
