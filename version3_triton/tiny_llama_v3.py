@@ -142,15 +142,18 @@ class TritonAttention(v2.Attention):
         B, T, _ = x.shape
         H, H_kv = self.num_heads, self.num_kv_heads
         qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
-        # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies.
-        q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
-        if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
-            out = tk.flash_attention(q, k, v, cos=cos, sin=sin)
-        elif self.fused_qkv_grad:  # RoPE + attention; the backward writes qkv's gradient whole
+        if self.fused_qkv_grad and not self.rope_in_attention:
+            # RoPE + attention on qkv itself; the backward writes qkv's gradient whole
             out = tk.qkv_attention(qkv, cos, sin, H)
         else:
-            qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
-            out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)
+            # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies (made only
+            # here: each view is a dispatch and an autograd node the fused path has no use for)
+            q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
+            if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
+                out = tk.flash_attention(q, k, v, cos=cos, sin=sin)
+            else:
+                qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
+                out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q, k, v):
@@ -246,8 +249,10 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
 # ---- command line (the switches' flags come from SPEC) ----------------------------
 def forced_configs(run) -> dict:
     """Launch configurations forced through the environment, checked before training
-    starts (ValueError says what is wrong), with their defaults filled in."""
+    starts (ValueError says what is wrong), with their defaults filled in. The variables
+    are read here, once: a launch never reads the environment."""
     cfg = run.settings.model
+    tk.read_environment()
     checked = {}
     for name in tk.KERNEL_NAMES:
         config = tk.forced_config(name)

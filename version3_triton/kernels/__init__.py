@@ -27,7 +27,7 @@ kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 from .common import (INTERPRET, backend, chosen_configs, current_target,  # noqa: F401
                      eager_operators)
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
-                      check_config, forced_config)
+                      check_config, forced_config, read_environment)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .qkv_attention import qkv_attention  # noqa: F401
