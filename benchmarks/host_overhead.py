@@ -48,8 +48,10 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
     def leaf(*shape, dtype=dt):
         return torch.randn(*shape, device=dev, dtype=dtype, requires_grad=True)
 
-    # RMSNorm at the small preset's width; attention with 4 query and 2 key/value heads.
-    x, delta, w = leaf(8, 1024), leaf(8, 1024), leaf(1024)
+    # RMSNorm at the small preset's width on the fp32 residual stream (autocast leaves the
+    # embedding and the adds in fp32: what the norms of every version see); attention with 4
+    # query and 2 key/value heads.
+    x, delta, w = (leaf(*shape, dtype=torch.float32) for shape in ((8, 1024), (8, 1024), (1024,)))
     B, T, H, H_kv, D = 1, 64, 4, 2, 64
     qkv = leaf(B, T, H + 2 * H_kv, D)
     q, k, v = (leaf(B, heads, T, D) for heads in (H, H_kv, H_kv))

@@ -284,3 +284,20 @@ def test_collect_publishes_the_flop_counters(tmp_path):
     assert "| V3 Triton | DeepSpeed FLOPS profiler | forward only, one step | 29,409,280 | 31,457,280 | 0.935 |" in block
     assert "88,080,384" in block and "0.933" in block
     assert "<!-- published:flop-counters -->\n" + block in (out / "RESULTS.md").read_text()
+
+
+def test_host_paced_eager_rows_show_their_range_and_say_why():
+    """Eager rows measured over several processes (compare_versions --eager-repeats) show the
+    range they spanned, and the table says they are host-paced and judged against it."""
+    def row(mode, speed, low, high):
+        return {"version": "v3", "mode": mode, "runs": 3 if mode == "eager" else 1,
+                "tokens_per_s": speed, "tokens_per_s_min": low, "tokens_per_s_max": high,
+                "x_v1_eager": 2.0, "step_ms": 20.0, "forward_ms": 5.0, "backward_ms": 10.0,
+                "optimizer_ms": 1.0, "mfu_datasheet": 0.2, "mfu_measured_ceiling": 0.3, "peak_memory_mb": 600}
+    s = {"compare": {"small": {"repeats": 1, "eager_repeats": 3,
+                               "rows": [row("eager", 49411, 43315, 72494), row("reduce-overhead", 2e5, 2e5, 2e5)]}}}
+    text = blocks.render("compare-small", s)
+    assert "tokens/s (min..max)" in text and "49,411 (43,315..72,494)" in text
+    assert "median of 3 interleaved processes" in text and "paced by the host" in text
+    s["compare"]["small"]["eager_repeats"] = 1
+    assert "paced by the host" not in blocks.render("compare-small", s)

@@ -115,14 +115,15 @@ def compare_summary(report: dict) -> dict:
         ph = phases.get((row["version"], row["mode"]), [])
         med = {p: sorted(x[p] for x in ph)[len(ph) // 2] for p in ("forward", "backward", "optimizer")} if ph else {}
         rows.append({**{k: row.get(k) for k in (
-            "version", "mode", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_ms",
+            "version", "mode", "runs", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_ms",
             "x_v1_eager", "mfu_datasheet", "mfu_measured_ceiling", "peak_memory_mb", "sdpa_kernel",
             "error")}, **{f"{p}_ms": v for p, v in med.items()}})
     peak = next((r["peak_tflops_datasheet"] for r in report["runs"] if r.get("peak_tflops_datasheet")), None)
     return {"preset": report["preset"], "precision": report["precision"], "config": report["config"],
             "batch_size": report["batch_size"], "seq_len": report["seq_len"],
             "num_steps": report["num_steps"], "warmup_steps": report["warmup_steps"],
-            "repeats": report["repeats"], "command": report["command"],
+            "repeats": report["repeats"], "eager_repeats": report.get("eager_repeats", report["repeats"]),
+            "command": report["command"],
             "ceiling_tflops": report["ceiling"]["matmul_tflops"],
             "ceiling_spread_percent": report["ceiling"].get("spread_percent"),
             "datasheet_tflops": peak, "rows": rows, "sdpa_sweep": report.get("sdpa_sweep", [])}

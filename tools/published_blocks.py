@@ -127,9 +127,17 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
                      num(r["x_v1_eager"], ".2f"), num(r["step_ms"], ".2f"),
                      " / ".join(num(r.get(f"{p}_ms"), ".2f") for p in ("forward", "backward", "optimizer")),
                      pct(r["mfu_datasheet"]), pct(r["mfu_measured_ceiling"]), num(r["peak_memory_mb"])])
-    speed_column = "tokens/s (min..max)" if c["repeats"] > 1 else "tokens/s"  # one run: no range
-    return table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
+    ranged = any(r.get("tokens_per_s_min") != r.get("tokens_per_s_max") for r in c["rows"])
+    speed_column = "tokens/s (min..max)" if ranged else "tokens/s"  # one run a row: no range
+    text = table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
+    eager = c.get("eager_repeats", c["repeats"])
+    if eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes)):
+        text += (f"\n\nThe eager rows are paced by the host (Python and the launches set the step, "
+                 f"not the GPU): each is the median of {eager} interleaved processes, with the range "
+                 f"they spanned; `regress` judges them against that range. The other rows are one "
+                 f"process each.")
+    return text
 
 
 def kernels_table(s: dict) -> str:
