@@ -141,7 +141,8 @@ def read_operator_csv(path) -> kt.KernelTable:
 # ----------------------------------------------------------------- entry point
 def parse(path) -> kt.KernelTable:
     """A trace, an operators.csv, or a folder: the newest trace if it has GPU
-    kernels, otherwise the operator table."""
+    kernels, otherwise the operator table. A trace file without GPU kernels (a CPU
+    run) is refused with the operator table to read instead."""
     path = Path(path)
     if path.is_dir():
         traces = find_traces(path)
@@ -154,4 +155,11 @@ def parse(path) -> kt.KernelTable:
         raise kt.ProfileParseError(f"{path}: no *.pt.trace.json or operators.csv here")
     if path.suffix == ".csv":
         return read_operator_csv(path)
-    return read_trace(path)
+    table = read_trace(path)
+    if not table.rows:  # a table of 0 kernels would read as "nothing ran"
+        operators = path.parent / "operators.csv"
+        instead = (f"python -m profiling parse {operators}" if operators.is_file() else
+                   "the operators.csv that --profile pytorch writes beside the trace")
+        raise kt.ProfileParseError(f"{path}: a CPU trace: it holds operators, no GPU kernels; "
+                                   f"their times are in the operator table: {instead}")
+    return table
