@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -65,16 +66,50 @@ def git_commit(repo_dir: Path | None = None) -> str | None:
         return None
 
 
+OBJECTS = ("config", "run", "options", "device", "timing_ms", "throughput", "flops", "mfu",
+           "memory", "gradient_guard")
+
+
 def validate(result: dict) -> None:
+    """Keys, types and ranges: a hand-edited or damaged file is refused here with one line
+    naming the field, not later as a traceback or a nonsense ratio in a table."""
     missing = [k for k in REQUIRED_KEYS if k not in result]
     if missing:
         raise SchemaError(f"results are missing keys: {', '.join(missing)}")
     if result["schema_version"] != SCHEMA_VERSION:
         raise SchemaError(f"schema_version {result['schema_version']} is not {SCHEMA_VERSION}")
+    for key in OBJECTS:
+        if not isinstance(result[key], dict):
+            raise SchemaError(f"{key} must be an object (got {result[key]!r:.40})")
+    if not isinstance(result["version"], str):
+        raise SchemaError(f"version must be a string (got {result['version']!r:.40})")
+    for key in ("losses", "warnings"):
+        if not isinstance(result[key], list):
+            raise SchemaError(f"{key} must be a list (got {result[key]!r:.40})")
+    for i, loss in enumerate(result["losses"]):
+        _check_number(f"losses[{i}]", loss)
     for phase in TIMED_PHASES:
         stats = result["timing_ms"].get(phase)
-        if not stats or not {"median", "p10", "p90"} <= set(stats):
+        if not isinstance(stats, dict) or not {"median", "p10", "p90"} <= set(stats):
             raise SchemaError(f"timing_ms.{phase} needs median, p10 and p90")
+        for q in ("median", "p10", "p90"):  # a step takes time; a phase may take ~0 ms
+            _check_number(f"timing_ms.{phase}.{q}", stats[q],
+                          **({"above": 0} if phase == "step" else {"at_least": 0}))
+    _check_number("throughput.tokens_per_s", result["throughput"].get("tokens_per_s"), above=0)
+    for key in ("batch_size", "seq_len"):
+        if key in result["run"]:
+            _check_number(f"run.{key}", result["run"][key], above=0)
+    for key, value in [*result["memory"].items(), ("mfu.value", result["mfu"].get("value"))]:
+        if value is not None:
+            _check_number(key if "." in key else f"memory.{key}", value, at_least=0)
+
+
+def _check_number(field: str, value, above: float | None = None, at_least: float | None = None) -> None:
+    """value is a finite number (bool is not one), > above / >= at_least when given."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or (above is not None and value <= above) or (at_least is not None and value < at_least):
+        bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
+        raise SchemaError(f"{field} must be a number{bound} (got {value!r:.40})")
 
 
 def now() -> str:

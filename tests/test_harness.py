@@ -135,7 +135,7 @@ def _minimal_result():
     stats = {"median": 1.0, "p10": 0.9, "p90": 1.1, "mean": 1.0, "n": 3}
     return {"schema_version": results.SCHEMA_VERSION, "version": "v1", "created": "now",
             "command": "python x", "git_commit": None, "config": {}, "run": {}, "options": {},
-            "device": {}, "losses": [1.0], "throughput": {}, "flops": {}, "mfu": {}, "memory": {},
+            "device": {}, "losses": [1.0], "throughput": {"tokens_per_s": 1000.0}, "flops": {}, "mfu": {}, "memory": {},
             "gradient_guard": {"passed": True}, "warnings": [],
             "timing_ms": {k: dict(stats) for k in results.TIMED_PHASES}}
 
@@ -164,6 +164,34 @@ def test_load_reports_bad_files_in_one_line(tmp_path):
         with pytest.raises(results.SchemaError, match=fragment) as info:
             results.load(tmp_path / name)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("timing_ms.step.median", "fast", "timing_ms.step.median must be a number > 0 (got 'fast')"),
+    ("throughput.tokens_per_s", -5, "throughput.tokens_per_s must be a number > 0 (got -5)"),
+    ("timing_ms.forward.p90", -1.0, "timing_ms.forward.p90 must be a number >= 0"),
+    ("memory.peak_rss_mb", "big", "memory.peak_rss_mb must be a number >= 0"),
+    ("run.batch_size", 0, "run.batch_size must be a number > 0"),
+    ("losses", [1.0, "x"], "losses[1] must be a number"),
+    ("config", [], "config must be an object"),
+])
+def test_a_results_field_of_the_wrong_type_or_sign_is_refused_in_one_line(tmp_path, field, value,
+                                                                           message):
+    """Every reader (compare, regress, report) loads through results.load: a damaged field
+    stops it there, naming the file and the field, instead of a traceback or '+593313%'."""
+    from analysis_tools.common import AnalysisError, load_results
+
+    bad = _minimal_result()
+    *parents, last = field.split(".")
+    target = bad
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[last] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(AnalysisError) as info:
+        load_results([path])
+    assert str(info.value).startswith(f"{path}: {message}") and "\n" not in str(info.value)
 
 
 # ------------------------------------------------------------------ gradient guard
