@@ -19,6 +19,8 @@ Schema (version 1) - every run writes all top-level keys:
   memory           peak_allocated_mb, peak_reserved_mb (GPU) or peak_rss_mb (CPU)
   gradient_guard   {passed, checked_params}
   warnings         list of strings
+  noisy            {value, p90_over_p10, threshold}: value true where the step times spread
+                   over NOISY_SPREAD (optional)
 
 format_table (table_rows) prints a list of results as the plain-text table the
 workshop shows at its end; analysis_tools/compare.py extends the same rows.

@@ -101,6 +101,30 @@ def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
     assert trainer.gpu_sized_note(settings, trainer.torch.device("cuda")) is None
 
 
+def test_a_noisy_run_says_so_and_a_cpu_run_is_never_called_launch_bound(tmp_path, monkeypatch, capsys):
+    """Step times spread 4x (a busy CPU): the summary line and the JSON say "noisy" with the
+    spread. A CPU computes what it launches: a fast backward there is no launch-bound run."""
+    from conftest import load_version
+    from training import cli, trainer
+
+    def busy(clocks, grad_accum):
+        t = real_timing(clocks, grad_accum)
+        step, fwd = t["step"]["median"], t["forward"]["median"]
+        t["step"] = {**t["step"], "p10": step / 2, "p90": step * 2}
+        t["backward"] = {**t["backward"], "median": fwd / 2}
+        return t
+
+    real_timing = trainer._timing
+    monkeypatch.setattr(trainer, "_timing", busy)
+    argv = ["--preset", "tiny", "--num-steps", "2", "--output", str(tmp_path / "r.json")]
+    settings = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args(argv), argv)
+    result = trainer.run(settings, load_version("v1").build_model)
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("v1: ")][-1]
+    assert "| noisy: steps spread 4.0x (p90/p10" in summary
+    assert result["noisy"] == {"value": True, "p90_over_p10": pytest.approx(4.0), "threshold": 1.5}
+    assert not any("launch-bound" in w for w in result["warnings"]), result["warnings"]
+
+
 def _umask():
     mask = os.umask(0o022)
     os.umask(mask)

@@ -383,14 +383,16 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
     peak_total = peak["tflops"] * ctx.world_size if peak["tflops"] else None
     warnings = list(model_warnings)  # what the model itself wants the reader to know
     fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
-    if fwd and bwd is not None and bwd < fwd:
+    if fwd and bwd is not None and bwd < fwd and not (checked_params and device.type == "cpu"):
         # Backward does ~2x the forward's FLOPs. Where the gradient guard passed (a cut
-        # graph stops the run), the run is launch-bound: Python launches the forward,
+        # graph stops the run), a GPU run is launch-bound: Python launches the forward,
         # autograd's C++ engine the backward, and the host, not the device, sets the pace.
+        # A CPU computes what it launches, so there the order says nothing of launches.
         warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms) " + (
             "with the gradient guard passed: a launch-bound run (the host sets the pace)"
             if checked_params else "and no gradient guard checked this run: is the autograd "
             "graph cut?"))
+    spread = results.step_spread({"timing_ms": timing})
     return {
         "schema_version": results.SCHEMA_VERSION,
         "version": settings.version,
@@ -430,6 +432,9 @@ def _assemble(settings, precision, device, losses, timing, memory, checked_param
         "gradient_guard": {"passed": True if checked_params else None,
                            "checked_params": checked_params},
         "warnings": warnings,
+        # Step times spread over results.NOISY_SPREAD: the machine was busy with other work.
+        "noisy": {"value": results.is_noisy({"timing_ms": timing}),
+                  "p90_over_p10": spread, "threshold": results.NOISY_SPREAD},
         **({"distributed": ctx.extra} if ctx.extra else {}),
     }
 
@@ -448,4 +453,6 @@ def summary_line(r: dict) -> str:
     return (f"{r['version']}: {r['throughput']['tokens_per_s']:,.0f} tok/s | step "
             f"{t['step']['median']:.2f} ms (fwd {t['forward']['median']:.2f} / bwd "
             f"{t['backward']['median']:.2f} / opt {t['optimizer']['median']:.2f}) | MFU {mfu} | "
-            f"peak mem {mem:,.0f} MB | final loss {r['losses'][-1]:.4f}")
+            f"peak mem {mem:,.0f} MB | final loss {r['losses'][-1]:.4f}"
+            + (f" | noisy: steps spread {results.step_spread(r):.1f}x (p90/p10; the machine was "
+               f"busy, the median is not one to quote)" if results.is_noisy(r) else ""))
