@@ -156,6 +156,17 @@ def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
     assert plain.get_total_flops() == counted.get_total_flops() - sum(attention.values())
 
 
+def test_without_triton_every_kernel_switched_off_builds_v2s_model(monkeypatch):
+    """No Triton installed: V3 with every kernel off is V2's maths and still builds."""
+    v3 = load_version("v3")
+    monkeypatch.setattr(v3, "tk", None)
+    off = dict(triton_rmsnorm=False, triton_attention=False, triton_rope=False,
+               rope_in_attention=False, fused_residual_norm=False, fused_qkv_grad=False,
+               triton_swiglu=False, fused_linear_ce=False)
+    model = v3.build_model(config(tied=True), **off)
+    assert not any(isinstance(m, v3.TritonRMSNorm) for m in model.modules())
+
+
 def test_v1_checkpoint_round_trips_and_norms_are_triton():
     v3 = load_version("v3")
     reference, model = v1_and_v3(config(tied=True))

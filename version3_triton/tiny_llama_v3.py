@@ -235,7 +235,7 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
         # profiler enters it around the step it counts; ordinary runs skip the
         # operators' host cost (kernels/common.py, "operators").
         model.flop_counting = tk.eager_operators
-    if tk.INTERPRET and any_kernel:  # the harness adds these to the results
+    if any_kernel and tk.INTERPRET:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]
     elif kernels.triton_attention and tk.backend() == "hip" and torch.cuda.is_available():
