@@ -228,6 +228,9 @@ class TorchProfilerSession(Session):
         self.files["kernel_table"] = str(kernel_table.write_csv(table, self.out / "kernel_table.csv"))
         if self.trace:
             self.files["trace"] = str(self.trace)
+            for old in torch_profiler.find_traces(self.out):  # the run finished: its trace
+                if old != self.trace:                           # replaces the earlier ones
+                    old.unlink()
         if self.device.type == "cpu":
             self.notes.append("CPU run: times are operator self CPU times (no GPU kernels)")
         if os.environ.get("PROFILE_MEMORY") == "1" and not self.memory:

@@ -210,3 +210,17 @@ def test_window_marks_nothing_on_a_cpu_and_says_so(tmp_path):
     model = load_version("v1").build_model(settings.model)
     result = _train(sessions.start(settings, torch.device("cpu"), model), settings, model)
     assert result["profile"]["steps"] == [2, 4] and result["profile"]["notes"] == ["no GPU: nothing to mark"]
+
+
+def test_a_finished_pytorch_profile_replaces_the_earlier_traces(tmp_path):
+    # In this process: an earlier run's trace in the folder is removed once this run
+    # has written its own, so a folder never holds the traces of several runs.
+    earlier = tmp_path / "pytorch" / "v1.1.pt.trace.json"
+    earlier.parent.mkdir()
+    earlier.write_text('{"traceEvents": []}')
+    settings = settings_for("--preset", "tiny", "--num-steps", "3", "--warmup-steps", "1",
+                            "--profile", "pytorch", "--profile-dir", str(tmp_path), "--quiet")
+    model = load_version("v1").build_model(settings.model)
+    profile = _train(sessions.start(settings, torch.device("cpu"), model), settings, model)["profile"]
+    (trace,) = (tmp_path / "pytorch").glob("*.pt.trace.json")
+    assert trace != earlier and profile["files"]["trace"] == str(trace)

@@ -4,6 +4,7 @@ Fixtures (tests/fixtures/profilers/, see its README.md):
   nvidia_h200/  real outputs from an NVIDIA H200 (ncu 2025.3.1, torch 2.11)
   rocprofv3/, rocprof_compute/, nsys/  synthetic rows under the documented headers
 """
+import os
 import shutil
 from pathlib import Path
 
@@ -271,3 +272,17 @@ def test_cpu_trace_names_the_operator_table_instead_of_zero_kernels(tmp_path, ca
     assert f"python -m profiling parse {operators}" in capsys.readouterr().err
     assert cli_main(["parse", str(tmp_path)]) == 0  # the folder: the operator table, as the hint says
     assert "aten::mm" in capsys.readouterr().out
+
+
+def test_folder_whose_operator_table_is_older_than_its_trace_is_refused(tmp_path, capsys):
+    # the run of the newest trace stopped before writing its operator table: the table
+    # in the folder is an earlier run's, and reading it would pass it off as this one's
+    rows = [{"name": "aten::mm", "calls": 1, "self_device_us": 0.0, "device_total_us": 0.0, "self_cpu_us": 5.0,
+             "cpu_total_us": 5.0, "flops": 0, "self_cpu_memory_bytes": 0, "self_device_memory_bytes": 0}]
+    operators = torch_profiler.write_operator_csv(rows, tmp_path / "operators.csv")
+    trace = tmp_path / "v1.2.pt.trace.json"
+    trace.write_text('{"traceEvents": []}')
+    os.utime(operators, (1_000_000, 1_000_000))  # written long before the trace
+    assert cli_main(["parse", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "different runs" in err and trace.name in err

@@ -150,8 +150,15 @@ def parse(path) -> kt.KernelTable:
             table = read_trace(traces[-1])
             if table.rows or not (path / "operators.csv").is_file():
                 return table
-        if (path / "operators.csv").is_file():
-            return read_operator_csv(path / "operators.csv")
+        operators = path / "operators.csv"
+        if operators.is_file():
+            # A run writes its operator table after its trace: an older table belongs
+            # to an earlier run, and the run of the newest trace never finished.
+            if traces and operators.stat().st_mtime < traces[-1].stat().st_mtime:
+                raise kt.ProfileParseError(
+                    f"{operators} is older than {traces[-1].name}: they come from different "
+                    f"runs (the newer one stopped before writing its operator table); profile again")
+            return read_operator_csv(operators)
         raise kt.ProfileParseError(f"{path}: no *.pt.trace.json or operators.csv here")
     if path.suffix == ".csv":
         return read_operator_csv(path)
