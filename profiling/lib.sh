@@ -11,9 +11,13 @@
 # Options the wrapper does not know are passed to the training script too
 # (e.g. --precision bf16), so `-- ` is only needed for names that clash.
 #
+# A run replaces the previous profile in DIR/<tool>/ only when it succeeds:
+# a failed, skipped or interrupted run leaves the previous profile whole and
+# keeps its own log as DIR/<tool>.failed.log.
+#
 # Exit codes: 0 ran, 77 skipped (tool missing or unusable here - the automake
-# "skipped" convention), 2 bad arguments, anything else = the profiled run or
-# the tool failed (its own exit code is passed on).
+# "skipped" convention), 2 bad arguments, 130 interrupted (Ctrl-C), anything
+# else = the profiled run or the tool failed (its own exit code is passed on).
 
 set -euo pipefail
 
@@ -29,6 +33,8 @@ OUT_ROOT=""
 TAG=""
 APP_ARGS=()
 TOOL_SHIFT=0          # set by a wrapper's tool_option() to the words it consumed
+PREVIOUS_PROFILE=""   # set once this run has begun (begin_profile)
+PUBLISHED=""          # set once it has succeeded (done_line)
 
 die() {  # die CODE MESSAGE: one line on stderr
     echo "error: $2" >&2
@@ -131,6 +137,7 @@ setup() {  # setup TOOL DEFAULT_NUM_STEPS: after parse_args; sets TOOL_OUT and A
     mkdir -p "$OUT_ROOT"
     OUT_ROOT="$(cd "$OUT_ROOT" && pwd)"  # profilers change directory: paths must be absolute
     TOOL_OUT="$OUT_ROOT/$TOOL"  # created by run_step: a skipped tool leaves no empty folder
+    FAILED_LOG="$(failed_log "$TOOL")"
     TAG=${TAG:-$VERSION${PRESET:+_$PRESET}}
     # The training run itself. Its results JSON goes next to the profile, so
     # a slowed-down profiled run never overwrites results/<version>_*.json.
@@ -153,32 +160,73 @@ show() {  # print a command the way a shell accepts it back (quoting only where 
     echo "$line"
 }
 
+failed_log() {  # failed_log TOOL: where the log of the tool's last unfinished run is kept
+    echo "$OUT_ROOT/$1.failed.log"
+}
+
+interrupted() {
+    echo "interrupted: $TOOL stopped; $TOOL_OUT keeps its previous profile" >&2
+    exit 130
+}
+
+# The previous profile steps aside (one rename) and this run writes into a fresh
+# folder of the final name, so every path it prints and records stays true. Only
+# done_line deletes the previous profile; any other exit - a failure, a skip,
+# Ctrl-C - removes the partial folder and renames the previous one back.
+begin_profile() {
+    PREVIOUS_PROFILE="$OUT_ROOT/.$TOOL.previous"
+    if [[ -e "$PREVIOUS_PROFILE" ]]; then  # left by a killed run: the one aside is whole,
+        rm -rf "$TOOL_OUT"                 # the killed run's folder partial
+    elif [[ -e "$TOOL_OUT" ]]; then
+        mv "$TOOL_OUT" "$PREVIOUS_PROFILE"
+    fi
+    mkdir -p "$TOOL_OUT"
+    : >"$TOOL_OUT/$TOOL.log"
+    trap interrupted INT
+    trap 'exit 143' TERM
+    trap end_profile EXIT
+}
+
+end_profile() {  # the EXIT trap: put the previous profile back unless this run published
+    [[ -z "$PUBLISHED" ]] || return 0
+    if [[ -s "$TOOL_OUT/$TOOL.log" ]]; then mv -f "$TOOL_OUT/$TOOL.log" "$FAILED_LOG"; fi
+    rm -rf "$TOOL_OUT"
+    if [[ -e "$PREVIOUS_PROFILE" ]]; then mv "$PREVIOUS_PROFILE" "$TOOL_OUT"; fi
+}
+
+publish_profile() {  # this run succeeded: its folder stays, the previous one goes
+    PUBLISHED=1
+    rm -f "$FAILED_LOG"
+    if [[ -e "$PREVIOUS_PROFILE" ]]; then  # renamed first: a half-deleted folder is never
+        mv "$PREVIOUS_PROFILE" "$PREVIOUS_PROFILE.discarded-$$"
+        rm -rf "$PREVIOUS_PROFILE.discarded-$$"  # taken for the previous profile
+    fi
+}
+
 run_step() {  # run_step [--to FILE] CMD...: show, run, log; a failure ends the wrapper
     local to=""
     if [[ "$1" == --to ]]; then to=$2; shift 2; fi
     show "$@"
-    mkdir -p "$TOOL_OUT"
+    [[ -n "$PREVIOUS_PROFILE" ]] || begin_profile
     local rc=0 log="$TOOL_OUT/$TOOL.log"
-    if [[ -z "${LOG_STARTED:-}" ]]; then  # a fresh log per run, and no table from an older one
-        : >"$log"; LOG_STARTED=1
-        rm -f "$TOOL_OUT/kernel_table.csv" "$TOOL_OUT/results.json"
-    fi
     if [[ -n "$to" ]]; then
         "$@" >"$to" 2>>"$log" || rc=$?   # stdout is data (e.g. a CSV export), not for the screen
     else
-        { "$@" 2>&1 | tee -a "$log"; } || rc=$?
+        # tee -i outlives Ctrl-C, so the run's last lines still reach the screen and the log
+        { "$@" 2>&1 | tee -i -a "$log"; } || rc=$?
     fi
+    ((rc != 130)) || interrupted
     if ((rc != 0)); then
         ((rc != SKIPPED)) || rc=1  # 77 means "skipped" to run_all; a failure must not look like it
         echo "error: $TOOL failed (exit $rc) running: $(printf '%q ' "$@")" >&2
-        echo "error: log: $log" >&2
+        echo "error: log: $FAILED_LOG" >&2
         exit "$rc"
     fi
 }
 
 expect_output() {  # expect_output GLOB: the tool must have written a matching file
     if [[ -z "$(find "$TOOL_OUT" -name "$1" -print -quit)" ]]; then
-        echo "error: $TOOL exited 0 but wrote no $1 under $TOOL_OUT (see $TOOL_OUT/$TOOL.log)" >&2
+        echo "error: $TOOL exited 0 but wrote no $1 (see $FAILED_LOG)" >&2
         exit 1
     fi
 }
@@ -195,6 +243,7 @@ detect_backend() {  # rocm | cuda | cpu, as PyTorch sees it (PROFILE_BACKEND ove
     fi
 }
 
-done_line() {
+done_line() {  # the wrapper's last line: the run succeeded
+    publish_profile
     echo "outputs: $TOOL_OUT"
 }

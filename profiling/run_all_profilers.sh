@@ -12,7 +12,9 @@
 # A missing tool is one "skipped:" line, never an abort; a failed profiled run
 # is reported, the others still run, and the exit code is non-zero. The
 # summary at the end lists what ran (and where its outputs are), what was
-# skipped and why, and what failed.
+# skipped and why, and what failed. Each profile replaces the previous one
+# only when it succeeds. Ctrl-C stops the whole runner (exit 130): the
+# profilers not yet run keep their previous profiles too.
 #   --only LIST, --skip LIST    comma-separated profiler names from the list above
 #   --args-for NAME "OPTIONS"   options for one wrapper (see that run_*.sh --help)
 # VERSION, --preset, --num-steps, --warmup-steps, --out, --tag and anything
@@ -73,7 +75,12 @@ RAN=() SKIPPED_LINES=() FAILED=()
 declare -A TOOK=()
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
+# Ctrl-C reaches the running profiler too, which says so and exits 130: the
+# runner stops there. Interrupted between two profilers, it stops before the next.
+INTERRUPTED=0
+trap 'INTERRUPTED=1' INT
 for name in "${ALL[@]}"; do
+    ((INTERRUPTED == 0)) || break
     if [[ -n "$ONLY" && "$ONLY" != *",$name,"* ]] || [[ "$EXCLUDE" == *",$name,"* ]]; then
         continue  # not asked for: not worth a line
     fi
@@ -89,16 +96,21 @@ for name in "${ALL[@]}"; do
     echo "=== $name"
     rc=0 started=$SECONDS
     { bash "$PROFILING_DIR/${WRAPPER[0]}" "${WRAPPER[@]:1}" "${COMMON[@]}" \
-        ${extra[@]+"${extra[@]}"} -- ${APP_ARGS[@]+"${APP_ARGS[@]}"} 2>&1 | tee "$LOG"; } || rc=$?
+        ${extra[@]+"${extra[@]}"} -- ${APP_ARGS[@]+"${APP_ARGS[@]}"} 2>&1 | tee -i "$LOG"; } || rc=$?
     TOOK[$name]=$((SECONDS - started))
+    if ((rc == 130)); then exit 130; fi  # the profiler has said "interrupted" already
     if ((rc == 0)); then
         RAN+=("$name")
     elif ((rc == SKIPPED)); then
         SKIPPED_LINES+=("$(grep -m1 '^skipped: ' "$LOG" | sed 's/^skipped: //' || echo "$name")")
     else
-        FAILED+=("$name (exit $rc; log: $OUT_ROOT/$name/$name.log)")
+        FAILED+=("$name (exit $rc; log: $(failed_log "$name"))")
     fi
 done
+if ((INTERRUPTED)); then
+    echo "interrupted: the profilers not run keep their previous profiles under $OUT_ROOT" >&2
+    exit 130
+fi
 
 echo
 echo "=== summary: $VERSION on $BACKEND, outputs under $OUT_ROOT"

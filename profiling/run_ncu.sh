@@ -60,16 +60,15 @@ CAPTURE=(--profile-from-start off)
 APP_WINDOW=(--profile window)
 if ((WINDOW == 0)); then CAPTURE=(); APP_WINDOW=(); fi
 REPORT="$TOOL_OUT/$TAG"
-rm -f "$REPORT.ncu-rep"
 run_step ncu --clock-control none --target-processes all ${CAPTURE[@]+"${CAPTURE[@]}"} \
     --launch-count "$LAUNCH_COUNT" ${FILTER_OPTS[@]+"${FILTER_OPTS[@]}"} \
     ${SET_OPTS[@]+"${SET_OPTS[@]}"} --metrics "$METRICS" -f -o "$REPORT" \
     -- "${APP[@]}" ${APP_WINDOW[@]+"${APP_WINDOW[@]}"}
 if [[ ! -f "$REPORT.ncu-rep" ]]; then
     if grep -q "No kernels were profiled" "$TOOL_OUT/ncu.log" 2>/dev/null; then
-        die 1 "ncu profiled no kernels: the --kernel/--nvtx-include filter matched nothing (ncu matches base names; see $TOOL_OUT/ncu.log for the kernels it saw)"
+        die 1 "ncu profiled no kernels: the --kernel/--nvtx-include filter matched nothing (ncu matches base names; see $FAILED_LOG for the kernels it saw)"
     fi
-    die 1 "ncu exited 0 but wrote no $REPORT.ncu-rep (see $TOOL_OUT/ncu.log)"
+    die 1 "ncu exited 0 but wrote no $REPORT.ncu-rep (see $FAILED_LOG)"
 fi
 run_step --to "$REPORT.csv" ncu -i "$REPORT.ncu-rep" --csv --page raw --print-units base
 kernel_table "$REPORT.csv" ncu

@@ -32,12 +32,10 @@ CAPTURE=(--capture-range=cudaProfilerApi --capture-range-end=stop)
 APP_WINDOW=(--profile window)
 if ((WINDOW == 0)); then CAPTURE=(); APP_WINDOW=(); fi
 REPORT="$TOOL_OUT/$TAG"
-rm -f "$REPORT.nsys-rep" "$REPORT.qdstrm"
 run_step nsys profile -t "$TRACE" ${CAPTURE[@]+"${CAPTURE[@]}"} -f true -o "$REPORT" \
     -- "${APP[@]}" ${APP_WINDOW[@]+"${APP_WINDOW[@]}"}
 if [[ ! -f "$REPORT.nsys-rep" ]]; then
-    rm -f "$REPORT.qdstrm"  # the raw capture nsys could not import: unusable, and can be GBs
-    skip nsys "ran but could not write $REPORT.nsys-rep on this machine (a known importer problem; see $TOOL_OUT/nsys.log) - use run_ncu.sh or the PyTorch profiler"
+    skip nsys "ran but could not write $REPORT.nsys-rep on this machine (a known importer problem; see $FAILED_LOG) - use run_ncu.sh or the PyTorch profiler"
 fi
 run_step nsys stats -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv --force-export=true \
     -o "$REPORT" "$REPORT.nsys-rep"

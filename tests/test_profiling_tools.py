@@ -23,7 +23,8 @@ V1 = str(REPO / "version1_baseline" / "tiny_llama_v1.py")
 
 
 def run(script, *args, tmp_path, fakes=ALL_FAKES, env=None, cwd=REPO):
-    """Run a wrapper with only the chosen fakes (and the system's basic tools) on PATH."""
+    """Run a wrapper with only the chosen fakes (and the system's basic tools) on PATH,
+    in a session of its own: a fake's Ctrl-C (FAKE_CTRL_C) reaches the wrapper, not pytest."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     for name in fakes:
@@ -32,7 +33,7 @@ def run(script, *args, tmp_path, fakes=ALL_FAKES, env=None, cwd=REPO):
     full_env = {"PATH": f"{bindir}:{SYSTEM_PATH}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
                 "PYTHON": sys.executable, "FAKE_LOG": str(tmp_path / "fake.log"), **(env or {})}
     return subprocess.run(["bash", str(REPO / script), *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=180, start_new_session=True)
 
 
 def logged(tmp_path) -> list[list[str]]:
@@ -185,7 +186,7 @@ def test_nsys_without_a_report_is_skipped(tmp_path):
     r = run("profiling/run_nsys.sh", "v1", "--out", out, tmp_path=tmp_path, env={"FAKE_NSYS_BROKEN": "1"})
     assert r.returncode == 77
     assert "skipped: nsys ran but could not write" in r.stdout
-    assert not list((out / "nsys").glob("*.qdstrm"))
+    assert not (out / "nsys").exists()  # nothing of the unusable capture (.qdstrm, GBs) is left
 
 
 def test_bad_arguments_are_one_line(tmp_path):
@@ -205,12 +206,36 @@ def test_profiled_app_really_runs_and_its_failure_propagates(tmp_path):
     result = json.loads((out / "rocprofv3" / "results.json").read_text())
     assert result["profile"]["kind"] == "window" and result["run"]["num_steps"] == 4
     assert (out / "rocprofv3" / "kernel_table.csv").exists()
+    before = contents(out)
     r = run("profiling/run_rocprofv3.sh", "v1", "--out", out, "--batch-size", "0", tmp_path=tmp_path, env=env)
     assert r.returncode == 2 and "--batch-size must be > 0" in r.stdout + r.stderr
     assert "error: rocprofv3 failed (exit 2)" in r.stderr
-    # a failed run leaves no table (or results) from the run before it to be mistaken for its own
-    assert not (out / "rocprofv3" / "kernel_table.csv").exists()
-    assert not (out / "rocprofv3" / "results.json").exists()
+    # the failed run's files (written by the tool before the run failed) are gone, the previous
+    # profile is whole, and the failed run's log is kept beside it
+    assert contents(out) == {**before, "rocprofv3.failed.log": (out / "rocprofv3.failed.log").read_bytes()}
+    assert "--batch-size must be > 0" in (out / "rocprofv3.failed.log").read_text()
+
+
+def contents(folder) -> dict[str, bytes]:
+    """Every file under folder, hidden ones included: path -> bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("ending", ["FAKE_FAIL=rocprofv3:3", "FAKE_CTRL_C=rocprofv3"])
+def test_a_failed_or_interrupted_profile_keeps_the_previous_one_whole(tmp_path, ending):
+    out = tmp_path / "out"
+    ok(run("profiling/run_rocprofv3.sh", "v1", "--out", out, tmp_path=tmp_path))
+    before = contents(out)
+    name, value = ending.split("=")
+    r = run("profiling/run_rocprofv3.sh", "v1", "--out", out, "--pftrace", tmp_path=tmp_path, env={name: value})
+    assert r.returncode == (3 if name == "FAKE_FAIL" else 130)
+    after = contents(out)
+    after.pop("rocprofv3.failed.log", None)  # the failed run's own log, beside the profile
+    assert after == before  # nothing hidden left behind either
+    if name == "FAKE_CTRL_C":
+        assert r.stderr.splitlines() == [f"interrupted: rocprofv3 stopped; {out}/rocprofv3 keeps its previous profile"]
+    ok(run("profiling/run_rocprofv3.sh", "v1", "--out", out, "--pftrace", tmp_path=tmp_path))
+    assert (out / "rocprofv3" / "v1_results.pftrace").is_file() and [p.name for p in out.iterdir()] == ["rocprofv3"]
 
 
 # ----------------------------------------------------------------- run_all_profilers.sh
@@ -228,13 +253,24 @@ def test_run_all_on_rocm_runs_skips_and_reports_failures(tmp_path):
         "/opt/rocm/bin to PATH)",
         "skipped: ncu (needs an NVIDIA (CUDA) GPU; this machine runs rocm)",
         "skipped: nsys (needs an NVIDIA (CUDA) GPU; this machine runs rocm)",
-        f"failed:  rocprof-compute (exit 5; log: {out}/rocprof-compute/rocprof-compute.log)"]
+        f"failed:  rocprof-compute (exit 5; log: {out}/rocprof-compute.failed.log)"]
     assert [cmd[0] for cmd in logged(tmp_path)] == ["rocprofv3", "rocprof-compute"]
     # the closing hint is a command that runs: every table written, side by side
     hint = summary[-1].split("side by side:", 1)[1].split()
     assert hint[:3] == ["python", "-m", "profiling"] and hint[4:] == [f"rocprofv3={out}/rocprofv3/kernel_table.csv"]
     compared = subprocess.run([sys.executable, *hint[1:]], cwd=REPO, capture_output=True, text=True)
     assert compared.returncode == 0 and compared.stdout.startswith("category") and "rocprofv3" in compared.stdout
+
+
+@pytest.mark.parametrize("ending", ["FAKE_FAIL=rocprofv3:130", "FAKE_CTRL_C=rocprofv3"])
+def test_run_all_stops_at_ctrl_c(tmp_path, ending):
+    # a profiler that exits 130 (Ctrl-C reached it), or Ctrl-C to the whole terminal
+    name, value = ending.split("=")
+    r = run("profiling/run_all_profilers.sh", "v1", "--out", tmp_path / "out", "--only", "rocprofv3,rocprof-compute",
+            tmp_path=tmp_path, env={"PROFILE_BACKEND": "rocm", name: value})
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert "=== summary" not in r.stdout and [cmd[0] for cmd in logged(tmp_path)] == ["rocprofv3"]
+    assert len([line for line in (r.stdout + r.stderr).splitlines() if "interrupted" in line]) == 1
 
 
 def test_run_all_from_a_version_folder_and_the_root(tmp_path):

@@ -4,7 +4,9 @@
 #   * writes the files the real tool would write, at the real paths, copied
 #     from tests/fixtures/profilers/,
 #   * runs the application after "--" when FAKE_RUN_APP=1 and returns its exit code,
-#   * exits with CODE when FAKE_FAIL=<tool>:<CODE> names it (a crashing tool).
+#   * exits with CODE when FAKE_FAIL=<tool>:<CODE> names it (a crashing tool),
+#   * presses Ctrl-C when FAKE_CTRL_C=<tool> names it: SIGINT to its whole process
+#     group, as a terminal does (run the wrapper in a session of its own).
 set -euo pipefail
 FIXTURES="$(cd "$(dirname "${BASH_SOURCE[0]}")/../fixtures/profilers" && pwd)"
 FAKE_NAME="$(basename "$0")"
@@ -12,6 +14,9 @@ FAKE_NAME="$(basename "$0")"
 { printf '%s' "$FAKE_NAME"; printf ' %q' "$@"; printf '\n'; } >>"${FAKE_LOG:-/dev/null}"
 
 fake_fail_if_asked() {
+    if [[ "${FAKE_CTRL_C:-}" == "$FAKE_NAME" ]]; then
+        kill -INT 0
+    fi
     if [[ "${FAKE_FAIL:-}" == "$FAKE_NAME:"* ]]; then
         echo "$FAKE_NAME (fake): failing on request" >&2
         exit "${FAKE_FAIL#*:}"
