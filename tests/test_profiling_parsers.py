@@ -259,15 +259,20 @@ def test_cli_parse_and_errors(tmp_path, capsys):
     assert "MFMA BF16 1000.0 TFLOP/s" in capsys.readouterr().out
 
 
+def cpu_operator_table(folder):
+    """The operators.csv of a CPU run: one operator, self CPU time only."""
+    rows = [{"name": "aten::mm", "calls": 1, "self_device_us": 0.0, "device_total_us": 0.0, "self_cpu_us": 5.0,
+             "cpu_total_us": 5.0, "flops": 0, "self_cpu_memory_bytes": 0, "self_device_memory_bytes": 0}]
+    return torch_profiler.write_operator_csv(rows, folder / "operators.csv")
+
+
 def test_cpu_trace_names_the_operator_table_instead_of_zero_kernels(tmp_path, capsys):
     trace = tmp_path / "v1.1.pt.trace.json"  # a CPU run's trace: operators, no kernel events
     trace.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}')
     assert cli_main(["parse", str(trace)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a CPU trace" in err and "operators.csv" in err
-    rows = [{"name": "aten::mm", "calls": 1, "self_device_us": 0.0, "device_total_us": 0.0, "self_cpu_us": 5.0,
-             "cpu_total_us": 5.0, "flops": 0, "self_cpu_memory_bytes": 0, "self_device_memory_bytes": 0}]
-    operators = torch_profiler.write_operator_csv(rows, tmp_path / "operators.csv")
+    operators = cpu_operator_table(tmp_path)
     assert cli_main(["parse", str(trace)]) == 2
     assert f"python -m profiling parse {operators}" in capsys.readouterr().err
     assert cli_main(["parse", str(tmp_path)]) == 0  # the folder: the operator table, as the hint says
@@ -277,9 +282,7 @@ def test_cpu_trace_names_the_operator_table_instead_of_zero_kernels(tmp_path, ca
 def test_folder_whose_operator_table_is_older_than_its_trace_is_refused(tmp_path, capsys):
     # the run of the newest trace stopped before writing its operator table: the table
     # in the folder is an earlier run's, and reading it would pass it off as this one's
-    rows = [{"name": "aten::mm", "calls": 1, "self_device_us": 0.0, "device_total_us": 0.0, "self_cpu_us": 5.0,
-             "cpu_total_us": 5.0, "flops": 0, "self_cpu_memory_bytes": 0, "self_device_memory_bytes": 0}]
-    operators = torch_profiler.write_operator_csv(rows, tmp_path / "operators.csv")
+    operators = cpu_operator_table(tmp_path)
     trace = tmp_path / "v1.2.pt.trace.json"
     trace.write_text('{"traceEvents": []}')
     os.utime(operators, (1_000_000, 1_000_000))  # written long before the trace
