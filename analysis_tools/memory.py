@@ -36,7 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from harness import config, flops
+from harness import config, flops, training_step
+from harness import precision as precision_mod
 from harness.config import PRECISIONS, PRESETS, VERSIONS, ModelConfig
 
 from .common import AnalysisError, load_results, model_config, peak_memory_mb, plt, save_figure, unique_labels
@@ -409,19 +410,17 @@ def trace_step(version: str, cfg: ModelConfig, batch: int, seq: int, precision: 
     Everything (model, optimizer state, activations) is created under the
     tracker, so its peak is comparable with max_memory_allocated.
     """
-    from training import trainer
-
     module = load_version(version)
     dev = torch.device(device)
-    trainer.configure_matmul_precision(precision)
+    precision_mod.configure_matmul_precision(precision)
     settings = types.SimpleNamespace(learning_rate=1e-4, optimizer=optimizer)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=gen).to(dev)
     with LiveTensorTracker() as tracker:
         model = module.build_model(cfg, **(options or {})).to(dev)
         if grad_checkpoint:
-            trainer.enable_grad_checkpointing(model)
-        opt = trainer.make_optimizer(model, settings, dev)
+            training_step.enable_grad_checkpointing(model)
+        opt = training_step.make_optimizer(model, settings, dev)
         for step in range(2):
             if step == 1:
                 tracker.reset_peak()
@@ -430,7 +429,7 @@ def trace_step(version: str, cfg: ModelConfig, batch: int, seq: int, precision: 
                     torch.cuda.reset_peak_memory_stats(dev)
                     start_cuda = torch.cuda.memory_allocated(dev)
             opt.zero_grad(set_to_none=True)
-            with trainer.autocast_for(precision, dev):
+            with precision_mod.autocast_for(precision, dev):
                 logits = model(ids[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
                                                      ids[:, 1:].reshape(-1))

@@ -5,7 +5,8 @@ below - never a traceback, never a half-written results file.
 
     0  success
     2  bad input: invalid flag, config, shape, precision or device
-    3  out of memory (the message says the peak reached and what to try)
+    3  out of memory, or a CPU run predicted not to fit this machine's memory
+       (the message says the peak reached or predicted, and what to try)
     4  the loss became NaN or infinite (the message names the step)
     5  gradient-flow guard: some parameters received no (finite, non-zero) gradient
 """

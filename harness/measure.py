@@ -133,10 +133,22 @@ def peak_memory(device: torch.device) -> dict:
     return {"peak_rss_mb": rss / (mb if sys.platform == "darwin" else 1024)}
 
 
-def _proc_status_kb(field: str) -> int | None:
-    """A 'kB' field of /proc/self/status (Linux), or None elsewhere."""
+def rss_bytes() -> int:
+    """What this process holds in memory now (its resident set), 0 where not known."""
+    return (_proc_status_kb("VmRSS") or 0) * 1024
+
+
+def available_bytes() -> int | None:
+    """Bytes this machine can give a new allocation now without swapping (Linux's
+    MemAvailable: free memory plus caches it can drop), or None where not known."""
+    kb = _proc_status_kb("MemAvailable", "/proc/meminfo")
+    return kb * 1024 if kb is not None else None
+
+
+def _proc_status_kb(field: str, path: str = "/proc/self/status") -> int | None:
+    """A 'kB' field of /proc/self/status or another such file (Linux), or None elsewhere."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])

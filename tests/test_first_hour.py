@@ -91,10 +91,12 @@ def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
     args = cli.build_parser("v1", "").parse_args(["--preset", "medium"])
     settings = cli.settings_from_args("v1", args, ["--preset", "medium"])
     settings.command = "python version1_baseline/tiny_llama_v1.py --preset medium"
-    note = trainer.gpu_sized_note(settings, trainer.torch.device("cpu"))
-    # 8.1 TFLOP a step at 100 GFLOP/s: over a minute a step, over an hour for 50
-    assert note.startswith("v1: preset medium is sized for a GPU: on this CPU a step takes about 81 s")
-    assert "50 steps about 67.7 min" in note
+    note = trainer.gpu_sized_note(settings, trainer.torch.device("cpu"), (14 * 2**30, 11 * 2**30))
+    # 8.1 TFLOP a step at 100 GFLOP/s: over a minute a step, over an hour for 50 (a floor:
+    # the first step's line gives the measured pace)
+    assert note.startswith("v1: preset medium is sized for a GPU: on this CPU its matrix products "
+                           "alone take 81 s a step, 50 steps over 67.7 min")
+    assert "predicted peak memory 14.0 GiB of 11.0 GiB available" in note
     assert note.endswith("sized for a CPU: python version1_baseline/tiny_llama_v1.py --preset tiny")
     tiny = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args([]), [])
     assert trainer.gpu_sized_note(tiny, trainer.torch.device("cpu")) is None
@@ -123,6 +125,55 @@ def test_a_noisy_run_says_so_and_a_cpu_run_is_never_called_launch_bound(tmp_path
     assert "| noisy: steps spread 4.0x (p90/p10" in summary
     assert result["noisy"] == {"value": True, "p90_over_p10": pytest.approx(4.0), "threshold": 1.5}
     assert not any("launch-bound" in w for w in result["warnings"]), result["warnings"]
+
+
+def test_a_cpu_run_predicted_not_to_fit_is_refused_before_its_model_exists(tmp_path, monkeypatch,
+                                                                           capsys):
+    """The memory model (analysis_tools.memory) against the machine's available memory:
+    exit 3 in one line, where the kernel would kill the run mid-step (exit 137)."""
+    from conftest import load_version
+    from training import cli, trainer
+
+    monkeypatch.setattr(trainer.measure, "available_bytes", lambda: 8 * 2**30)  # a 8 GiB laptop
+    monkeypatch.setattr(trainer, "build", lambda *a: pytest.fail("the model was built"))
+    out = tmp_path / "r.json"
+    argv = ["--batch-size", "100000", "--seq-len", "64", "--device", "cpu", "--output", str(out)]
+    assert cli.main("v1", load_version("v1").build_model, argv=argv) == 3
+    error = capsys.readouterr().err
+    assert re.fullmatch(r"error: predicted peak memory \d+\.\d GiB \(batch 100000 x seq 64, fp32\) is "
+                        r"more than the 8\.0 GiB this machine has available: try a smaller "
+                        r"--batch-size .*\n", error), error
+    assert not out.exists()
+    # the medium preset (15 GB resident, measured) is predicted above 12 GiB: no 16 GB laptop has it
+    argv = ["--preset", "medium"]
+    medium = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args(argv), argv)
+    peak, available = trainer.cpu_memory(medium, "fp32")
+    assert peak > 12 * 2**30 and available == 8 * 2**30
+
+
+def test_a_long_first_step_is_announced_and_its_line_estimates_the_run(monkeypatch, capsys):
+    """A GPU-sized step on a CPU takes minutes: a line says it is running, and its own line
+    gives the time left at the measured pace instead of waiting for step 2."""
+    from conftest import load_version
+    from training import cli, trainer
+
+    class Clock:  # one measured step of 65 s
+        def elapsed_ms(self, start, end):
+            return 65_000.0
+
+    argv = ["--preset", "medium", "--num-steps", "50"]
+    settings = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args(argv), argv)
+    line = trainer._progress_line(0, settings, [7.0], [Clock()], 8192)
+    assert line.endswith("| about 53.1 min left"), line
+    # a tiny model standing for a GPU-sized one, stopped as its first step starts
+    monkeypatch.setattr(trainer, "gpu_sized_note", lambda *a: "v1: preset medium is sized for a GPU")
+    monkeypatch.setattr(trainer.dev, "StepClock", lambda device: (_ for _ in ()).throw(KeyboardInterrupt))
+    tiny = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args([]), [])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run(tiny, load_version("v1").build_model)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "v1: preset medium is sized for a GPU"
+    assert lines[-1] == "v1: step 1 running (its line, with the measured pace, follows when it ends)"
 
 
 def _umask():

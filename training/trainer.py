@@ -15,6 +15,7 @@ from harness import flops, master_weights, measure, probes, results
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import NonFiniteLoss, OutOfMemory, UsageError
 from harness.precision import autocast_for, choose_precision, configure_matmul_precision
+from harness.training_step import enable_grad_checkpointing, make_optimizer
 
 from . import parallel
 
@@ -53,11 +54,13 @@ class Preflight:
 
 
 # ---------------------------------------------------------------- start-up notes
-def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
+def gpu_sized_note(settings: RunSettings, device: torch.device,
+                   memory: tuple[float, int | None] | None = None) -> str | None:
     """One line, before anything slow, for a run sized for a GPU that landed on a CPU:
-    the time its matrix products need at this CPU's measured matmul rate (an estimate:
-    the step's memory-bound work adds to it, a busy machine changes it), and the
-    CPU-sized command."""
+    the time its matrix products alone need at this CPU's measured matmul rate (a floor:
+    the step's memory-bound work adds to it, a busy machine more; the first step's line
+    gives the measured pace), its predicted peak memory against this machine's where
+    `memory` (check_cpu_memory's) is given, and the CPU-sized command."""
     if device.type != "cpu":
         return None
     step_flops = flops.step_flops(settings.model, settings.global_batch_size(), settings.seq_len)
@@ -66,10 +69,62 @@ def gpu_sized_note(settings: RunSettings, device: torch.device) -> str | None:
         return None
     script = settings.command.split()[1] if len(settings.command.split()) > 1 else "<script>"
     size = f"preset {settings.preset}" if settings.preset else "this model size"
-    return (f"{settings.version}: {size} is sized for a GPU: on this CPU a step takes about "
-            f"{results.duration_text(step_s)}, {settings.num_steps} steps about "
-            f"{results.duration_text(step_s * settings.num_steps)} (Ctrl-C stops it); "
-            f"sized for a CPU: python {script} --preset tiny")
+    memory_text = ""
+    if memory is not None:
+        peak, available = memory
+        memory_text = f", predicted peak memory {_gib(peak)}" + (
+            f" of {_gib(available)} available" if available is not None else "")
+    return (f"{settings.version}: {size} is sized for a GPU: on this CPU its matrix products "
+            f"alone take {results.duration_text(step_s)} a step, {settings.num_steps} steps over "
+            f"{results.duration_text(step_s * settings.num_steps)}{memory_text} (the first step's line "
+            f"gives the measured pace; Ctrl-C stops it); sized for a CPU: python {script} --preset tiny")
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def _machine_bytes(step_bytes: float) -> float:
+    """What the processes of this run on this machine hold at their peak: each what this
+    one holds now (Python, torch) plus a step's bytes, times torchrun's ranks here."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) * (measure.rss_bytes() + step_bytes)
+
+
+def cpu_memory(settings: RunSettings, precision: str) -> tuple[float, int | None]:
+    """(predicted peak bytes, available bytes) of a CPU run on this machine: the memory
+    model's steady-state step (analysis_tools.memory), against what the machine has."""
+    from analysis_tools import memory  # only a CPU run asks, and the model imports pandas
+
+    impl = memory.implementation_for(settings.version, settings.options,
+                                     {"optimizer": settings.optimizer}, "cpu")
+    step = memory.predict(settings.model, settings.batch_size, settings.seq_len, precision, impl,
+                          settings.grad_checkpoint, settings.grad_accum, "cpu").peak_bytes
+    return _machine_bytes(step), measure.available_bytes()
+
+
+def check_cpu_memory(settings: RunSettings, device: torch.device,
+                     precision: str) -> tuple[float, int | None] | None:
+    """Refuse, before the model exists, a CPU run predicted to need more memory than the
+    machine has: it would swap for hours or be killed by the kernel mid-step (exit 137).
+    Returns cpu_memory's (peak, available); None on a GPU, which reports its own
+    out-of-memory (the loop turns it into exit 3), and for a run far from the limit."""
+    if device.type != "cpu":
+        return None
+    # A step keeps fewer bytes than it does FLOPs, but for the state of 16 B a parameter
+    # (weights, gradients, AdamW's two moments) against >= 6 FLOPs a parameter and token:
+    # under 4 B a FLOP (the model's largest, at one token, is 3.2) a run fits without
+    # asking the memory model, whose import costs a second.
+    bound = 4 * flops.step_flops(settings.model, settings.batch_size, settings.seq_len)
+    available = measure.available_bytes()
+    if available is not None and _machine_bytes(bound) < available:
+        return None
+    peak, available = cpu_memory(settings, precision)
+    if available is not None and peak > available:
+        raise OutOfMemory(
+            f"predicted peak memory {_gib(peak)} (batch {settings.batch_size} x seq "
+            f"{settings.seq_len}, {precision}) is more than the {_gib(available)} this machine has "
+            f"available: try a smaller --batch-size or --seq-len, --grad-checkpoint, or --preset tiny")
+    return peak, available
 
 
 def start_notes(settings: RunSettings, device: torch.device) -> list[str]:
@@ -96,19 +151,6 @@ def build(settings: RunSettings, build_model, reference_weights=None) -> torch.n
     return model
 
 
-def enable_grad_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each transformer block in backward instead of storing its activations."""
-    from torch.utils.checkpoint import checkpoint
-
-    for block in model.layers:
-        inner = block.forward
-
-        def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        block.forward = forward
-
-
 def add_nvtx_ranges(model: torch.nn.Module) -> None:
     """Name each block in profiler timelines (torch.cuda.nvtx is roctx on ROCm)."""
     def push(name):
@@ -122,18 +164,6 @@ def add_nvtx_ranges(model: torch.nn.Module) -> None:
     for i, block in enumerate(model.layers):
         block.register_forward_pre_hook(push(f"block{i}"))
         block.register_forward_hook(pop)
-
-
-def make_optimizer(model: torch.nn.Module, settings: RunSettings, device: torch.device,
-                   masters: dict | None = None):
-    kwargs = {"lr": settings.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
-    if settings.optimizer == "master":
-        return master_weights.MasterWeightAdamW(model.parameters(), masters, **kwargs)
-    if settings.optimizer == "fused" and device.type == "cuda":
-        kwargs["fused"] = True
-    elif settings.optimizer in ("foreach", "fused"):
-        kwargs["foreach"] = True  # fused AdamW is GPU-only in older torch; foreach is close
-    return torch.optim.AdamW(model.parameters(), **kwargs)
 
 
 def check_master_weights(settings: RunSettings, precision: str) -> None:
@@ -186,8 +216,9 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     output = Path(settings.output or REPO_ROOT / "results" /
                   f"{settings.version}_{settings.preset or 'custom'}.json")
     say = print if (not settings.quiet and ctx.is_main) else (lambda *a, **k: None)
+    gpu_sized = gpu_sized_note(settings, device, check_cpu_memory(settings, device, precision))
     notes = start_notes(settings, device)
-    for line in filter(None, [gpu_sized_note(settings, device), *notes]):
+    for line in filter(None, [gpu_sized, *notes]):
         say(line if line.startswith(f"{settings.version}:") else f"{settings.version}: {line}",
             flush=True)
 
@@ -262,6 +293,9 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                                     f"(try a lower --learning-rate or --precision bf16/fp32)")
             losses.append(value)
 
+    if gpu_sized:  # its first line is a step away, which takes minutes here
+        say(f"{settings.version}: step 1 running (its line, with the measured pace, follows when "
+            f"it ends)", flush=True)
     last_line_at = time.monotonic()
     try:
         for step in range(settings.num_steps):
@@ -364,7 +398,10 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     speed = f" | {ms:8.2f} ms/step | {tokens_per_step / ms * 1000:10,.0f} tok/s" if ms else " | warm-up"
     left = settings.num_steps - step - 1
     step_ms = ms or clocks[step].elapsed_ms("start", "end")  # in warm-up: this step's own time
-    if step == 0 and left:  # the first step pays one-time costs: no estimate from it
+    # The first step pays one-time costs (allocation, compilation, autotuning): no estimate
+    # from it, unless the step itself is long enough to dwarf them (a GPU-sized step on a
+    # CPU), where waiting for step 2 would leave minutes unexplained.
+    if step == 0 and left and (step_ms < PROGRESS_EVERY_S * 1000 or settings.compile):
         eta = (f" | first step {results.duration_text(step_ms / 1000)} (one-time set-up "
                f"included; the estimate follows at step 2)")
     else:
