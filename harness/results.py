@@ -28,12 +28,15 @@ workshop shows at its end; analysis_tools/compare.py extends the same rows.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import math
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+
+from .errors import UsageError
 
 SCHEMA_VERSION = 1
 REQUIRED_KEYS = ("schema_version", "version", "created", "command", "git_commit", "config",
@@ -123,6 +126,31 @@ def write_atomic(path: str | os.PathLike, result: dict) -> Path:
     """Write a validated results file with write_json."""
     validate(result)
     return write_json(path, result)
+
+
+def check_writable(path: str | os.PathLike, flag: str, folder: bool = False) -> None:
+    """Refuse, before a run starts, a place its results cannot go (UsageError, one line):
+    a folder where the file goes (a file where the folder goes, with folder=True), a file
+    where a parent folder must be, or a place where no file can be made (/proc, a
+    read-only folder). A run that finds out only when it writes has lost its work.
+
+    Nothing is created: a probe file is made and removed in the nearest folder that
+    exists (and in the folder itself, where it exists), where the missing ones would go."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise UsageError(f"{flag} {path}: {'a file' if folder else 'a folder'} of that name is "
+                         f"in the way; name a {'folder' if folder else 'file'}")
+    nearest = path.parent
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise UsageError(f"{flag} {path}: {nearest} is a file, not a folder")
+    for place in {nearest, path} if path.is_dir() else {nearest}:
+        try:
+            tempfile.TemporaryFile(dir=place).close()
+        except OSError as e:  # /proc answers "no such file" of its own folder: no reason then
+            reason = f" ({e.strerror})" if e.strerror and e.errno != errno.ENOENT else ""
+            raise UsageError(f"{flag} {path}: no file can be made in {place}{reason}") from None
 
 
 def write_json(path: str | os.PathLike, data: dict, indent: int = 2) -> Path:

@@ -209,6 +209,61 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
     assert profiled.parts[-4:] == ("profiles", "v2", "pytorch", "results.json")
 
 
+def test_a_data_parallel_run_never_replaces_the_single_process_result(monkeypatch):
+    from training import cli
+
+    def name(*argv):
+        parser = cli.build_parser("v1", "")
+        args = parser.parse_args(list(argv))
+        return Path(cli.default_output(cli.settings_from_args("v1", args, list(argv)), parser, args)).name
+
+    assert name() == "v1_tiny.json"
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                       "MASTER_PORT": "29500"}.items():  # what torchrun sets
+        monkeypatch.setenv(key, value)
+    assert name() == "v1_tiny_ddp2.json"
+    assert name("--fsdp") == "v1_tiny_fsdp2.json"
+
+
+@pytest.mark.parametrize("output, needle", [
+    ("taken.json/x.json", "taken.json is a file, not a folder"),  # a file where a folder must be
+    ("folder.json", "a folder of that name is in the way"),
+    ("/proc/nope/x.json", "no file can be made in /proc"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch, capsys,
+                                                                    output, needle):
+    """Found out only when the results are written, the whole run would be lost."""
+    from conftest import load_version
+    from training import cli, trainer
+
+    if output.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    (tmp_path / "taken.json").write_text("previous")
+    (tmp_path / "folder.json").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer, "run", lambda *a: pytest.fail("the run started"))
+    assert cli.main("v1", load_version("v1").build_model, argv=["--output", output]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --output {output}: ") and needle in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "taken.json"]
+
+
+def test_v3_in_the_interpreter_leaves_a_nan_to_the_loops_one_line():
+    """numpy, under Triton's interpreter, warns of each overflow; the loop's NaN line suffices."""
+    import warnings
+
+    from conftest import load_version
+
+    v3 = load_version("v3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        v3.silence_interpreter_warnings()
+        warnings.warn_explicit("overflow encountered in exp", RuntimeWarning, "interpreter.py", 725,
+                               module="triton.runtime.interpreter")
+        warnings.warn_explicit("elsewhere", RuntimeWarning, "x.py", 1, module="harness.x")
+    assert [str(w.message) for w in caught] == ["elsewhere"]
+
+
 # ---------------------------------------------------------------- make workshop
 def test_workshop_streams_progress_replaces_what_finished_and_keeps_what_failed(tmp_path, monkeypatch, capsys):
     from training import workshop
@@ -232,7 +287,9 @@ def test_workshop_streams_progress_replaces_what_finished_and_keeps_what_failed(
     assert "CPU threads per version: " in out
     assert "  new: v1" in out and "kept from an earlier run: v2 (from unreadable)" in out
     assert "FAILED v2: exit 2: v2 broke" in err
-    assert json.loads((tmp_path / "v1.json").read_text())["version"] == "v1"
+    v1 = json.loads((tmp_path / "v1.json").read_text())
+    assert v1["version"] == "v1"
+    assert f"--output {tmp_path / 'v1.json'}" in v1["command"]  # where it is, not where it was staged
     assert (tmp_path / "v2.json").read_text() == "previous"
     assert not list(tmp_path.parent.glob(f".{tmp_path.name}.*"))  # staging folder removed
     if "OMP_NUM_THREADS" not in os.environ:  # the tiny preset runs on one thread
@@ -273,6 +330,53 @@ def test_an_interrupted_workshop_is_one_line_and_keeps_the_previous_results(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "interrupted" in err[0]
     assert (tmp_path / "v1.json").read_text() == "previous"
+
+
+def test_a_workshop_with_an_unwritable_out_dir_stops_before_any_version_trains(tmp_path, monkeypatch,
+                                                                              capsys):
+    from training import workshop
+
+    monkeypatch.setattr(workshop, "run_version", lambda *a: pytest.fail("a version started"))
+    (tmp_path / "README.md").write_text("a file")
+    assert workshop.main(["--quick", "--out-dir", str(tmp_path / "README.md")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "a file of that name is in the way; name a folder" in err[0], err
+    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no staging folder either
+
+
+def test_a_quick_workshop_never_replaces_the_full_runs_results(tmp_path, monkeypatch, capsys):
+    from training import workshop
+
+    monkeypatch.setattr(workshop, "REPO", tmp_path)  # no version scripts there: none runs
+    (tmp_path / "results" / "workshop").mkdir(parents=True)
+    (tmp_path / "results" / "workshop" / "v1.json").write_text("a full run")
+    workshop.main(["--quick"])
+    assert f"results: {tmp_path}/results/workshop-quick/ (" in capsys.readouterr().out
+    assert (tmp_path / "results" / "workshop-quick").is_dir()
+    assert (tmp_path / "results" / "workshop" / "v1.json").read_text() == "a full run"
+    with pytest.raises(SystemExit):
+        workshop.main(["--help"])
+    assert "results/workshop-quick/ with --quick" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_readmes_workshop_sample_shows_the_lines_the_workshop_prints(monkeypatch):
+    from training import cli, trainer, workshop
+
+    sample = (REPO / "README.md").read_text().split("```text\nworkshop: ", 1)[1].split("```")[0]
+
+    class Clock:  # a first step of a few milliseconds
+        def elapsed_ms(self, start, end):
+            return 1.0
+
+    argv = ["--num-steps", "30"]
+    settings = cli.settings_from_args("v1", cli.build_parser("v1", "").parse_args(argv), argv)
+    first = trainer._progress_line(0, settings, [5.5781], [Clock()], 128)
+    assert f"\n    v1 | {first}\n" in sample, first
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = workshop.cpu_threads("tiny")[1]
+    line = next(s.strip() for s in sample.splitlines() if "CPU threads" in s)
+    assert threads.startswith(line.removesuffix(" ...)")), (threads, line)
+    assert "\n\nresults: /path/to/repo/results/workshop/ (" in sample and "\n  new: v1, v2, v3, v4\n" in sample
 
 
 # ---------------------------------------------------------------- analysis

@@ -13,6 +13,7 @@ import sys
 from harness.args import HelpFormatter, OneLineParser
 from harness.config import PRECISIONS, PRESETS, REFERENCE_VERSION, RunSettings, reference_weights
 from harness.errors import UsageError, WorkshopError
+from harness.results import check_writable
 from harness.spec import VersionSpec
 
 
@@ -118,7 +119,8 @@ def build_parser(version: str, description: str, add_arguments=None,
     r.add_argument("--output", help="results JSON path (default: results/<version>_<preset>"
                                      "[_<mode and switches>].json, or <profile-dir>/results.json "
                                      "with --profile)")
-    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--quiet", action="store_true",
+                   help="no progress lines (the results: line, naming the file, stays)")
     r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter", "window"),
                    default=None,
@@ -210,10 +212,14 @@ def default_output(settings: RunSettings, parser: argparse.ArgumentParser,
     so a slowed-down run never replaces a benchmark result. Any other run writes
     results/<version>_<preset>[_<flag>...].json: each flag that differs from its
     default (compile mode, precision, version switches, ...) is part of the name,
-    so an ablation does not overwrite the baseline run. The same command run
-    twice writes the same file: the newer run replaces the older one.
+    so an ablation does not overwrite the baseline run, and so is a torchrun
+    launch's kind and world size (_ddp2, _fsdp4), so a data-parallel run does not
+    overwrite the single-process one. The same command run twice writes the same
+    file: the newer run replaces the older one.
     """
     from pathlib import Path
+
+    from .parallel import launched_by_torchrun
 
     repo = Path(__file__).resolve().parents[1]
     if settings.profile:
@@ -222,8 +228,8 @@ def default_output(settings: RunSettings, parser: argparse.ArgumentParser,
     parts = [settings.version, settings.preset or "custom"]
     for action in parser._actions:
         dest = action.dest
-        if dest in NAME_IGNORES or not action.option_strings or dest == "help":
-            continue
+        if dest in NAME_IGNORES or not action.option_strings or dest in ("help", "fsdp"):
+            continue  # --fsdp is named with the world size, below
         value = getattr(args, dest, None)
         if value is None or value == action.default:
             continue
@@ -234,6 +240,8 @@ def default_output(settings: RunSettings, parser: argparse.ArgumentParser,
             parts.append(f"no-{flag}" if not flag.startswith("no-") else flag)
         else:
             parts.append(f"{flag}-{value}")
+    if launched_by_torchrun():
+        parts.append(f"{'fsdp' if settings.fsdp else 'ddp'}{os.environ['WORLD_SIZE']}")
     name = "_".join(parts).replace("/", "-").replace(" ", "")
     return str(repo / "results" / f"{name}.json")
 
@@ -277,6 +285,8 @@ def main(version, build_model, *, description: str = "", add_arguments=None,
             assert not undeclared, f"{version}'s preflight records undeclared {undeclared}"
             settings.options.update(chosen)
         settings.output = settings.output or default_output(settings, parser, args)
+        # Checked before the model exists: a run that finds out when it writes has lost its work.
+        check_writable(settings.output, "--output" if args.output else "results file")
         if interpreted and not settings.quiet:
             print(INTERPRETER_NOTE.format(version=version, steps=settings.num_steps), flush=True)
         from .trainer import run  # late import keeps --help fast

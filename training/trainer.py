@@ -289,7 +289,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         values = ctx.mean_over_ranks(torch.stack(losses_dev[first:upto_step + 1])).tolist()
         for i, value in enumerate(values, start=first):
             if value != value or value in (float("inf"), float("-inf")):
-                raise NonFiniteLoss(f"loss became {value} at step {i} "
+                # i counts from 0; the progress lines, and so this message, from 1
+                raise NonFiniteLoss(f"loss became {value} at step {i + 1}/{settings.num_steps} "
                                     f"(try a lower --learning-rate or --precision bf16/fp32)")
             losses.append(value)
 
@@ -366,7 +367,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         profiler.finish(result)
     if ctx.is_main:
         results.write_atomic(output, result)
-        say(summary_line(result) + f"\nresults: {output}")
+        say(summary_line(result))
+        print(f"results: {output}", flush=True)  # even with --quiet: where the run's result is
     return result
 
 

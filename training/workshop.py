@@ -5,11 +5,13 @@ The preset follows the device: tiny on a CPU, medium on a GPU with 40+ GiB,
 small on smaller GPUs. Each version runs in its own process (a crash or OOM in
 one does not hide the others) and shows its progress lines as it trains.
 
-Results go to results/workshop/<version>.json, but only when the whole command
-finishes: the runs write into a temporary folder first, so an interrupted
-workshop (Ctrl-C) leaves the previous results/workshop/ as it was. A version
-that fails keeps its previous result, and the end of the run says which
-results are new and which are kept from an earlier run.
+Results go to results/workshop/<version>.json (--quick: results/workshop-quick/,
+so a 3-step check never replaces a full run's results), but only when the whole
+command finishes: the runs write into a temporary folder first, so an interrupted
+workshop (Ctrl-C) leaves the previous results as they were. A version that
+fails keeps its previous result, and the end of the run says which results are
+new and which are kept from an earlier run. A results folder that cannot be
+written is refused before the first version trains.
 
 The flags every version shares (--preset, --num-steps and those after --) are
 checked once, before any version starts: a typo is one line, not four failures.
@@ -19,7 +21,7 @@ thread at the tiny preset, where waking threads costs more than they save),
 unless OMP_NUM_THREADS is set; the first line says which.
 
     python -m training.workshop                      # what `make workshop` runs
-    python -m training.workshop --quick              # tiny preset, 3 steps: a minute on a CPU
+    python -m training.workshop --quick              # tiny preset, 3 steps: a check that all run
     python -m training.workshop --preset small -- --precision fp32
 """
 from __future__ import annotations
@@ -35,7 +37,8 @@ from pathlib import Path
 from harness.args import OneLineParser
 from harness.config import PRESETS, VERSIONS
 from harness.errors import UsageError
-from harness.results import SchemaError, duration_text, format_table, load
+from harness.results import (SchemaError, check_writable, duration_text, format_table, load,
+                             write_atomic)
 
 from .cli import default_warmup
 
@@ -153,7 +156,10 @@ def main(argv=None) -> int:
                         f"preset, 50 otherwise)")
     p.add_argument("--quick", action="store_true",
                    help=f"tiny preset, {QUICK_STEPS} steps: checks that every version runs (CI)")
-    p.add_argument("--out-dir", default=str(REPO / "results" / "workshop"))
+    p.add_argument("--out-dir", default=None,
+                   help="where each version's <version>.json goes (default: results/workshop/, "
+                        "results/workshop-quick/ with --quick: a quick check never replaces a "
+                        "full run's results)")
     p.add_argument("extra", nargs="*", help="more flags passed to every version (after --)")
     try:
         args = p.parse_args(argv)
@@ -161,6 +167,10 @@ def main(argv=None) -> int:
         steps = args.num_steps if args.num_steps is not None else (
             QUICK_STEPS if args.quick else 30 if preset == "tiny" else 50)
         check_shared_flags(preset, steps, args.extra)
+        # Absolute: the versions run in the repository's folder, not necessarily this one.
+        out_dir = Path(args.out_dir or REPO / "results" / ("workshop-quick" if args.quick
+                                                           else "workshop")).absolute()
+        check_writable(out_dir, "--out-dir", folder=True)  # before a version trains, not after
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -175,7 +185,6 @@ def main(argv=None) -> int:
               f"tiny preset, far longer at larger ones; its first progress line estimates its "
               f"time (Ctrl-C stops the workshop and keeps the previous results)", flush=True)
 
-    out_dir = Path(args.out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     rows, names, failed = [], [], []
@@ -196,7 +205,12 @@ def main(argv=None) -> int:
                 failed.append(f"{version}: exit {code}: {message}")
                 continue
             try:
-                rows.append(load(out))
+                row = load(out)
+                # The version wrote into the staging folder: its command names where the
+                # result stays, so that it can be run again as it reads.
+                row["command"] = row["command"].replace(str(staging), str(out_dir))
+                write_atomic(out, row)
+                rows.append(row)
                 names.append(out.name)
             except SchemaError as e:
                 failed.append(f"{version}: {e}")

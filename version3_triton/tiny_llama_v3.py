@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -75,6 +76,17 @@ try:
     TRITON_MISSING = None
 except ImportError as e:  # no triton: V3 cannot run, everything else still imports
     tk, TRITON_MISSING = None, e
+
+
+def silence_interpreter_warnings() -> None:
+    """Triton's interpreter computes in numpy, which warns of every overflow and NaN where
+    it happens, a dozen lines a step; the training loop names the step whose loss became
+    NaN in one line."""
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
+
+
+if tk is not None and tk.INTERPRET:
+    silence_interpreter_warnings()
 
 
 def require_triton() -> None:
