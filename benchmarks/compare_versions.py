@@ -148,6 +148,8 @@ def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}) as child:
         for line in child.stdout:
+            if line.startswith("results: "):  # the run's own file, a temporary: the report is the result
+                continue
             sys.stderr.write(line)
             if line.strip():
                 lines.append(line.strip())

@@ -116,7 +116,7 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
     ]
     rows = [
         ("torch: x + 1 (one elementwise kernel)", lambda: x.detach() + 1, None),
-        ("triton: JIT launch, kernel[grid](...)", jit_launch, None),
+        ("triton: JIT launch through kernel[grid]", jit_launch, None),
         ("v3: common.launch, bound (CompiledKernel called directly)", v3_launch, None),
         ("v3: common.launch through Triton (V3_JIT_LAUNCH=1)", through_triton, None),
         ("v3: rmsnorm_forward (+ its 2 output buffers)",
