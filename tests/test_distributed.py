@@ -238,6 +238,7 @@ def test_two_processes_match_one_process_with_the_global_batch(kind, single_run,
     assert dist_info["communication"]["per_step_ms"] > 0
 
 
+@pytest.mark.slow  # ~15 s, two agents: make test-slow
 def test_two_nodes_meet_through_c10d_and_train_as_one_job(single_run, tmp_path):
     """torchrun --nnodes 2: two agents - here on one host, as two machines would run them -
     meet through the c10d rendezvous and train as one job of 2 ranks: one result (global
@@ -500,6 +501,7 @@ def test_overlap_of_communication_with_compute(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no GPU kernels" in proc.stderr
 
 
+@pytest.mark.slow  # ~13 s, two ranks: make test-slow
 def test_small_buckets_train_exactly_like_the_default(single_run, tmp_path):
     """Bucketing only groups the all-reduces: the averaged gradients are the same."""
     torchrun(tmp_path / "out", "--ddp-bucket-mb", "0.1")
@@ -510,6 +512,7 @@ def test_small_buckets_train_exactly_like_the_default(single_run, tmp_path):
     assert d["communication"]["buckets"] >= 5  # 0.5 MiB of gradients in 0.1 MiB buckets
 
 
+@pytest.mark.slow  # ~12 s, two ranks: make test-slow
 def test_16_bit_gradient_all_reduce_trains_close_to_fp32(single_run, tmp_path):
     """fp16 on gloo; the GPU benchmark uses bf16 (same hook, NCCL/RCCL only)."""
     torchrun(tmp_path / "out", "--ddp-comm-hook", "fp16")
@@ -535,6 +538,7 @@ def test_bf16_gradients_fill_bf16_buckets(group_of_one):
     assert comm["gradient_mib"] == pytest.approx(ctx.gradient_numel * 2 / 2**20)
 
 
+@pytest.mark.slow  # ~17 s, two ranks: make test-slow
 def test_master_weights_under_ddp_match_one_process(tmp_path):
     """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows."""
     flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1"]

@@ -147,6 +147,7 @@ def test_model_in_low_precision_autocast_matches_the_unfused_model(v3):
     assert_within_2x(exact, ours, theirs, "fused", "unfused")
 
 
+@pytest.mark.slow  # ~15 s of command lines: make test-slow
 def test_switch_is_accepted_and_recorded(tmp_path, v3, monkeypatch, capsys):
     """--no-fused-residual-norm through V3's main (the command line's parser, in this process):
     the results JSON records it and the gradient guard passes (the default run: test_v3_model's

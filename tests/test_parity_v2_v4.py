@@ -116,6 +116,7 @@ def test_fusion_switches_reach_the_results_options():
                                        "fused_rmsnorm": True, "fused_swiglu": False}
 
 
+@pytest.mark.slow  # ~18 s of training: make test-slow (the logits and gradients are checked here)
 def test_loss_curves_agree_and_gradient_guard_passes(tmp_path):
     """Same seed, same text: V1, V2 and V4 train the same model to the same losses."""
     for version in ("v2", "v4"):
@@ -156,6 +157,7 @@ def test_unavailable_sdpa_backend_is_one_line_exit_2(tmp_path, capsys, backend):
     assert f"--sdpa-backend {backend} cannot run" in lines[0] and not out.exists()
 
 
+@pytest.mark.slow  # ~15 s: make test-slow
 def test_failing_compile_is_one_line_exit_2(tmp_path):
     """No working compiler: a clear line suggesting to run without --compile."""
     load_version("v4")
