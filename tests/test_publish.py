@@ -298,6 +298,6 @@ def test_host_paced_eager_rows_show_their_range_and_say_why():
                                "rows": [row("eager", 49411, 43315, 72494), row("reduce-overhead", 2e5, 2e5, 2e5)]}}}
     text = blocks.render("compare-small", s)
     assert "tokens/s (min..max)" in text and "49,411 (43,315..72,494)" in text
-    assert "median of 3 interleaved processes" in text and "paced by the host" in text
+    assert "median of 3 interleaved processes" in text and "host-paced row" in text
     s["compare"]["small"]["eager_repeats"] = 1
-    assert "paced by the host" not in blocks.render("compare-small", s)
+    assert "host-paced" not in blocks.render("compare-small", s)

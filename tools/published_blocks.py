@@ -133,10 +133,11 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
     eager = c.get("eager_repeats", c["repeats"])
     if eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes)):
-        text += (f"\n\nThe eager rows are paced by the host (Python and the launches set the step, "
-                 f"not the GPU): each is the median of {eager} interleaved processes, with the range "
-                 f"they spanned; `regress` judges them against that range. The other rows are one "
-                 f"process each.")
+        text += (f"\n\nEach eager row is the median of {eager} interleaved processes, with the range "
+                 f"they spanned: where the host sets the pace (Python and the launches, not the GPU), "
+                 f"one process differs from the next by up to a fifth, and a wide range marks such a "
+                 f"host-paced row. `regress` judges each row against its range. The other rows are "
+                 f"one process each.")
     return text
 
 
