@@ -53,7 +53,7 @@ _TUNERS: dict[str, object] = {}
 _TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
-_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, function, metadata, config, tail, last)
+_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, function, metadata, tail, (how, config))
 _MAX_BOUND = 4096                    # forget them all past this many (shapes that keep changing)
 
 
@@ -80,9 +80,9 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
         _bind(bound_key, spec, fn, kernel, len(args), constexprs)
         return
-    run, function, metadata, config, tail, last = bound
+    run, function, metadata, tail, last = bound
     _LAST[spec.name] = last
-    g = grid(config)
+    g = grid(last[1])
     run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1,
         torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
         *args, *tail)
@@ -102,12 +102,11 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
     launcher takes every kernel parameter in order, constexprs included (`tail`)."""
     global BIND
     how, config = _LAST[spec.name]
-    if isinstance(config, triton.Config):
-        config = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    config = as_dict(config)
     values = {**constexprs, **config}
     try:
         tail = tuple(values[name] for name in fn.arg_names[n_args:])
-        bound = (kernel.run, kernel.function, kernel.packed_metadata, config, tail, (how, config))
+        bound = (kernel.run, kernel.function, kernel.packed_metadata, tail, (how, config))
     except (AttributeError, KeyError, TypeError) as e:  # another Triton: its own launch it is
         BIND = False
         print(f"note: Triton {triton.__version__}'s compiled kernels cannot be called directly "
@@ -166,9 +165,16 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs):
     return fn[grid(config)](*args, **constexprs, **config)
 
 
-def describe(config) -> str:
+def as_dict(config) -> dict:
+    """A launch configuration as one dict: a triton.Config's kwargs with its num_warps and
+    num_stages (a dict stays as it is)."""
     if isinstance(config, triton.Config):
-        config = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return config
+
+
+def describe(config) -> str:
+    config = as_dict(config)
     return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None)
 
 
