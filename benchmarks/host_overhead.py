@@ -12,6 +12,10 @@ input (so the GPU finishes each kernel long before the next is launched) and
 we time many calls back to back on the CPU clock without waiting for the GPU.
 Microseconds per call = host time, the floor under any step that makes that call.
 
+Backward runs as an eager training step runs it (harness/training_step.py: on the
+calling thread, the garbage collector at fixed steps); one pair of rows shows what the
+autograd engine's worker thread, its default, adds to a backward.
+
 Two tables. The layers of one call: a plain torch op, Triton's own launch, V3's
 bound launch (common.py), the launcher with its output buffers, the torch.library
 operator. Then every V3 operation beside the PyTorch call it replaces in version 4
@@ -35,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a fresh
 from harness import results  # noqa: E402
 from harness import device as devices  # noqa: E402
 from harness.measure import host_ms  # noqa: E402
+from harness.training_step import host_settings  # noqa: E402
 
 
 def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
@@ -114,8 +119,18 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
         ("linear_cross_entropy", lambda a, b: tk.linear_cross_entropy(a, b, targets),
          "linear, cross_entropy", torch_cross_entropy, (h, lm_head)),
     ]
+    def engine_worker_thread(fn):  # the autograd engine's default for a CUDA backward
+        def call():
+            with torch.autograd.set_multithreading_enabled(True):
+                fn()
+        return call
+
+    scaled = _call("fwd+bwd", lambda a: a * 2, (x,), torch.ones_like(x))
     rows = [
         ("torch: x + 1 (one elementwise kernel)", lambda: x.detach() + 1, None),
+        ("torch: x * 2 fwd+bwd, the backward on the calling thread", scaled, None),
+        ("torch: x * 2 fwd+bwd, the backward on autograd's worker thread",
+         engine_worker_thread(scaled), None),
         ("triton: JIT launch through kernel[grid]", jit_launch, None),
         ("v3: common.launch, bound (CompiledKernel called directly)", v3_launch, None),
         ("v3: common.launch through Triton (V3_JIT_LAUNCH=1)", through_triton, None),
@@ -192,7 +207,8 @@ def main(argv=None) -> int:
     import triton
 
     calls = cases(tk)
-    rows = measure(calls)
+    with host_settings(torch.device("cuda"), world_size=1, compiled=False):  # as training runs
+        rows = measure(calls)
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}, V3 launches {'bound' if common.BIND else 'through Triton'}: "
           f"host microseconds per call (median of 5 x 200 calls)")
@@ -204,11 +220,12 @@ def main(argv=None) -> int:
     dearer = [r["call"] for r in paired if r["ratio"] > 1]
     print(f"{len(paired) - len(dearer)} of {len(paired)} V3 calls cost the host no more than the "
           f"PyTorch call they replace" + (f"; dearer: {', '.join(dearer)}" if dearer else ""))
-    if args.cprofile:
+    if args.cprofile:  # the backward on this thread: cProfile sees it
         for name, fn, _ in calls:
             if name.startswith("v3:") and name.endswith("fwd+bwd"):
                 print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
-                print(profile_text(fn, args.cprofile))
+                with host_settings(torch.device("cuda"), world_size=1, compiled=False):
+                    print(profile_text(fn, args.cprofile))
     if args.output:
         results.write_json(args.output, {  # never a half-written file
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,

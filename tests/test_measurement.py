@@ -125,3 +125,33 @@ def test_compare_labels_runs_with_different_optimizers(tmp_path):
     assert list(mixed["table"]["optimizer"]) == ["default", "fused"]
     assert list(mixed["table"]["run"]) == ["v1 tiny fp32", "v1 tiny fp32 +fused"]
     assert any("optimizers differ (default, fused)" in n for n in mixed["notes"])
+
+
+# ---- the host's side of an eager GPU step (harness/training_step.py) ----------------------
+@pytest.mark.parametrize("device, world_size, compiled", [
+    ("cpu", 1, False), ("cuda", 2, False), ("cuda", 1, True)])
+def test_host_settings_leave_other_runs_as_they_are(device, world_size, compiled):
+    """CPU, DDP/FSDP and compiled runs keep the autograd worker threads and the collector."""
+    from harness.training_step import host_settings
+    with host_settings(torch.device(device), world_size, compiled):
+        assert torch._C._is_multithreading_enabled()
+        assert __import__("gc").isenabled()
+
+
+def test_eager_gpu_steps_run_backward_here_and_collect_at_fixed_steps(monkeypatch):
+    """One GPU, eager: the backward on the calling thread, the collector only at every
+    GC_EVERY_STEPS-th step; both come back as they were, also after an error."""
+    import gc
+    from harness import training_step
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation))
+    with pytest.raises(KeyError):
+        with training_step.host_settings(torch.device("cuda"), 1, False):
+            assert not torch._C._is_multithreading_enabled() and not gc.isenabled()
+            for step in range(2 * training_step.GC_EVERY_STEPS):
+                training_step.step_collect(step)
+            raise KeyError("a failing step")
+    assert collected == [2, 1, 1]  # once before the loop, then every GC_EVERY_STEPS steps
+    assert torch._C._is_multithreading_enabled() and gc.isenabled()
+    training_step.step_collect(training_step.GC_EVERY_STEPS - 1)  # collector on: nothing
+    assert collected == [2, 1, 1]

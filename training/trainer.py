@@ -15,7 +15,8 @@ from harness import flops, master_weights, measure, probes, results
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import NonFiniteLoss, OutOfMemory, UsageError
 from harness.precision import autocast_for, choose_precision, configure_matmul_precision
-from harness.training_step import enable_grad_checkpointing, make_optimizer
+from harness.training_step import (enable_grad_checkpointing, host_settings, make_optimizer,
+                                   step_collect)
 
 from . import parallel
 
@@ -297,6 +298,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     if gpu_sized:  # its first line is a step away, which takes minutes here
         say(f"{settings.version}: step 1 running (its line, with the measured pace, follows when "
             f"it ends)", flush=True)
+    # One GPU, eager: the backward on this thread, the garbage collector at fixed steps.
+    cleanup.enter_context(host_settings(device, ctx.world_size, settings.compile))
     last_line_at = time.monotonic()
     try:
         for step in range(settings.num_steps):
@@ -322,6 +325,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             with nvtx_range("optimizer", use_nvtx):
                 scaler.step(optimizer)
                 scaler.update()
+            step_collect(step)
             clock.mark("end")
             losses_dev.append(step_loss)
             if step == 0:
