@@ -218,6 +218,7 @@ def test_ceiling_probes_on_cpu():
     assert measure_copy_gbs("cpu", 1 << 22) > 0
 
 
+@pytest.mark.slow
 def test_ceilings_probe_writes_json_that_the_reader_prints(tmp_path):
     proc = run_cli(["-m", "benchmarks.ceilings", "--device", "cpu", "--precisions", "fp32",
                     "--out-dir", tmp_path])
@@ -252,6 +253,7 @@ def test_analytic_ops_agree_with_the_harness_flop_model():
     assert explicit.loc["rmsnorm", "intensity"] < 2 and explicit.loc["lm_head", "intensity"] > 50
 
 
+@pytest.mark.slow
 def test_roofline_with_ceilings_kernels_and_runs(v1, v1_path, tmp_path):
     from analysis_tools import draw_roofline
     gpu = faster(v1, tmp_path / "v4_gpu.json", device={**v1["device"], **H100},
@@ -336,6 +338,7 @@ def test_sweep_records_failed_points_and_plots(v1_path, tmp_path):
         assert_png(folder / name)
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_real_cli(tmp_path, capsys):
     from analysis_tools import run_sweep, sweep_grid
     points = sweep_grid("tiny", batch_sizes=[2], seq_lens=[16])

@@ -115,6 +115,7 @@ def test_real_h200_file_on_the_command_line(tmp_path):
         assert_png(tmp_path / f"compare_medium_{kind}.png")
 
 
+@pytest.mark.slow
 def test_compare_versions_stores_whole_results(tmp_path, capsys):
     """A real (tiny, CPU) comparison keeps each run's result; compare reads it directly."""
     from analysis_tools import compare_runs
@@ -153,6 +154,7 @@ def test_broken_stored_result_is_bad_input(tmp_path):
     assert proc.returncode == 2 and "row 0's stored result: results are missing keys" in proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_versions_resume_runs_only_the_missing_runs(tmp_path, monkeypatch, capsys):
     """A comparison cut after its first run leaves an incomplete JSON with that run;
     --resume runs only the missing one and marks the file complete; other settings are refused."""

@@ -83,6 +83,7 @@ def test_implementation_follows_recorded_options():
     assert M.implementation_for("v2", {}, {"optimizer": "default"}, "cpu").fused_norm is False
 
 
+@pytest.mark.slow
 def test_memory_cli_compares_with_measured(tmp_path):
     import json
     from conftest import run_cli

@@ -125,6 +125,7 @@ def test_results_json_is_complete(tmp_path):
     assert r["config"]["hidden_dim"] == 64 and r["run"]["batch_size"] == 4
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses(tmp_path):
     losses = []
     for name in ("a", "b"):
@@ -134,6 +135,7 @@ def test_same_seed_same_losses(tmp_path):
     assert losses[0] == losses[1]
 
 
+@pytest.mark.slow
 def test_text_loss_falls(tmp_path):
     out = tmp_path / "text.json"
     proc = run_cli([V1, "--preset", "tiny", "--data", "text", "--num-steps", "50",
@@ -144,6 +146,7 @@ def test_text_loss_falls(tmp_path):
     assert sum(losses[-5:]) / 5 < losses[0] - 1.5
 
 
+@pytest.mark.slow
 def test_grad_accum_and_checkpointing_train(tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli([V1, *FAST, "--grad-accum", "2", "--grad-checkpoint", "--output", out])
@@ -169,6 +172,7 @@ def test_grad_checkpointing_keeps_the_gradients():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow
 def test_progress_lines_and_quiet(tmp_path):
     loud = run_cli([V1, "--preset", "tiny", "--num-steps", "4", "--warmup-steps", "1",
                     "--log-every", "2", "--output", tmp_path / "a.json"])

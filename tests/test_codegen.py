@@ -61,6 +61,7 @@ def test_tuned_targets_never_spill_full_table(tmp_path):
     check_tuned(codegen_table(tmp_path, "--targets", TUNED))
 
 
+@pytest.mark.slow
 def test_mi50_table_shows_no_matrix_cores(tmp_path):
     """gfx906 has no MFMA: the table says so (and V3 warns at run time)."""
     table = codegen_table(tmp_path, "--targets", "gfx906", "--kernels", "attn_fwd",
@@ -85,6 +86,7 @@ for kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
 """
 
 
+@pytest.mark.slow
 def test_rotating_attention_compiles_when_the_sequence_length_is_one():
     """Triton turns an integer argument equal to 1 into a compile-time constant (and so
     does Inductor's analysis of a kernel): the one-trip loop that fences RoPE's rotation

@@ -222,7 +222,7 @@ def single_run(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_two_processes_match_one_process_with_the_global_batch(kind, single_run, tmp_path):
     proc = torchrun(tmp_path / "out", *(["--fsdp"] if kind == "fsdp2" else []))
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["run.json"], "only rank 0 writes"
@@ -479,6 +479,7 @@ def write_trace(path, kernels, steps=2):
     return path
 
 
+@pytest.mark.slow
 def test_overlap_of_communication_with_compute(tmp_path):
     trace = write_trace(tmp_path / "rank0.pt.trace.json", [
         ("sm90_gemm", 0, 10), ("elementwise", 5, 12), ("flash_bwd", 16, 20),

@@ -58,6 +58,7 @@ def test_help_shows_real_defaults_only():
     assert "(default from preset)" in out and "(default: 10)" in out
 
 
+@pytest.mark.slow
 def test_short_run_adapts_its_warm_up_and_prints_progress_from_the_first_step(tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli([V1, "--preset", "tiny", "--num-steps", "3", "--output", out])
@@ -73,6 +74,7 @@ def test_short_run_adapts_its_warm_up_and_prints_progress_from_the_first_step(tm
     assert stat.S_IMODE(os.stat(out).st_mode) & 0o044 == 0o044 & ~_umask()
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_time_a_warm_step_or_use_graphs_says_so(tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli([V1, "--preset", "tiny", "--num-steps", "1", "--output", out])

@@ -117,6 +117,7 @@ def v3():
     return load_version("v3")
 
 
+@pytest.mark.slow  # V3's defaults (this fusion on) match V1 in test_v3_model.py in make test
 def test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model(v3):
     """Same V1 weights: the fused model, the unfused one and V1 give the same logits
     and the same gradient for every parameter (in V1's layout)."""
@@ -133,6 +134,7 @@ def test_model_with_fused_residual_norm_matches_v1_and_the_unfused_model(v3):
             assert err <= 1e-5 * scale[name], f"{name}: error {err:.3g}, scale {scale[name]:.3g}"
 
 
+@pytest.mark.slow
 def test_model_in_low_precision_autocast_matches_the_unfused_model(v3):
     """Under autocast each branch output (an autocast GEMM's) is bf16/fp16 while the
     residual stream stays fp32: the fused model is as close to V1 in fp32 as the
@@ -163,6 +165,7 @@ def test_switch_is_accepted_and_recorded(tmp_path, v3, monkeypatch, capsys):
     assert off["options"]["fused_residual_norm"] is False and off["gradient_guard"]["passed"]
 
 
+@pytest.mark.slow
 def test_blocks_stay_modules_for_checkpointing_and_hooks(v3):
     """The fused model still calls each block as a module: --grad-checkpoint's wrapper
     (training.trainer) recomputes it in backward and profiler hooks see it."""

@@ -95,6 +95,7 @@ def run(tmp_path, name, *flags):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_training_follows_autocast(tmp_path):
     plain = run(tmp_path, "fused", "--optimizer", "fused")
     master = run(tmp_path, "master", "--optimizer", "master")

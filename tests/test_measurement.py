@@ -105,6 +105,7 @@ def test_ceiling_target_is_judged_only_on_a_stable_probe(spread, judged):
 
 
 # ---- comparisons label different optimizers -------------------------------------------------
+@pytest.mark.slow
 def test_compare_labels_runs_with_different_optimizers(tmp_path):
     """An optimizer is part of a row's mode (master weights in the best mode): a labelled
     column and a note, never a reason not to quote the table."""

@@ -24,6 +24,7 @@ def outcomes():
     return {o["stage"]: o for o in json.loads(text[text.index("\n[") + 1:])}, text
 
 
+@pytest.mark.slow
 def test_every_stage_reports_a_symptom(outcomes):
     by_stage, text = outcomes
     assert sorted(by_stage) == [1, 2, 3, 4, 5]
@@ -32,11 +33,13 @@ def test_every_stage_reports_a_symptom(outcomes):
     assert all(o["tripped"] is not False for o in by_stage.values())
 
 
+@pytest.mark.slow
 def test_stage1_bad_init_gives_a_huge_first_loss(outcomes):
     stage = outcomes[0][1]
     assert stage["tripped"] is True and "vs ln(vocab)" in stage["symptom"]
 
 
+@pytest.mark.slow
 def test_stage4_cut_graph_trips_the_gradient_guard(outcomes):
     stage = outcomes[0][4]
     assert stage["tripped"] is True
@@ -44,6 +47,7 @@ def test_stage4_cut_graph_trips_the_gradient_guard(outcomes):
     assert "harness warns backward < forward" in stage["symptom"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_GPU, reason="CPU behaviour")
 def test_triton_stages_are_correct_in_the_interpreter(outcomes):
     by_stage = outcomes[0]
@@ -64,6 +68,7 @@ def test_stage4_on_the_command_line_is_one_line_and_exit_5(tmp_path):
     assert not (tmp_path / "s4.json").exists()  # no results file for a failed run
 
 
+@pytest.mark.slow
 def test_stage3_patches_only_the_clock(tmp_path):
     """The broken stopwatch must not change the training itself: same losses as --fixed."""
     losses = []

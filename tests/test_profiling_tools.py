@@ -197,6 +197,7 @@ def test_bad_arguments_are_one_line(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, (args, r.stderr)
 
 
+@pytest.mark.slow
 def test_profiled_app_really_runs_and_its_failure_propagates(tmp_path):
     out = tmp_path / "out"
     env = {"FAKE_RUN_APP": "1"}

@@ -25,9 +25,12 @@ def whole(qkv, cos, sin, heads, kv_heads):
     return tk.qkv_attention(qkv, cos, sin, heads)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("shape", SHAPES + [(2, 4, 1, 67, 32)],
-                         ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
+@pytest.mark.parametrize("shape, dtype", [  # make test-slow: the longest shapes in fp16, GQA 4
+    pytest.param(shape, dtype, id="b{}-h{}-kv{}-t{}-d{}-".format(*shape) + name,
+                 marks=[pytest.mark.slow] if shape[3] > 33 or (shape == SHAPES[1] and name == "fp16")
+                 else [])
+    for shape in SHAPES + [(2, 4, 1, 67, 32)]
+    for dtype, name in ((torch.float32, "fp32"), (torch.float16, "fp16"))])
 def test_qkv_attention_matches_fp64_and_the_separate_steps(shape, dtype):
     assert_matches_fp64_and_the_separate_steps(whole, shape, dtype)
 
@@ -56,6 +59,7 @@ def test_the_flop_counter_counts_attention_once_each_way():
                       "tinyllama_v3.qkv_attention_backward": 2.5 * forward}
 
 
+@pytest.mark.slow
 def test_torch_compile_traces_through_qkv_attention():
     assert_compiles_like_eager(lambda qkv, cos, sin: tk.qkv_attention(qkv * 0.5, cos, sin, 2))
 
@@ -80,6 +84,7 @@ def test_gradient_slots_are_checked():
         fa._grad_slot(torch.empty(1, 2, 6, 16), like)
 
 
+@pytest.mark.slow
 def test_the_backward_ops_tool_shows_the_gather_and_its_absence(capsys):
     """version3_triton/backward_ops.py (exercise V3-6) lists each backward's operators."""
     import importlib

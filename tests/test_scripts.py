@@ -5,7 +5,8 @@ from a CPU-only machine: a kernel gains an argument and its raw launch in a
 benchmark fails only on the next GPU run. So each script under benchmarks/,
 tools/, exercises/ and the version folders is listed here with what runs it:
 
-  cpu   the test that runs it (or its CPU-capable part) in `make test`
+  cpu   the test that runs it (or its CPU-capable part) on a CPU: in `make test`, or in
+        `make test-slow` for the longer end-to-end runs (CI runs both)
   gpu   its command line at a tiny size, run by `pytest -m gpu` (None: a test
         named in `cpu` already runs it on the GPU too, or it needs no GPU)
 
@@ -95,6 +96,7 @@ def test_every_script_has_a_row_and_every_row_names_a_real_test():
         assert not name or f"def {name}(" in text, (script, row["cpu"])
 
 
+@pytest.mark.slow
 def test_host_overhead_cases_run_in_the_interpreter():
     """Every call the GPU benchmark times, once, on the CPU: a launch whose arguments no
     longer match its kernel fails here, not on the next GPU run."""

@@ -79,7 +79,7 @@ def results(reference, model, batch, seq, autocast_dtype=None):
 @pytest.mark.parametrize("batch, seq, heads, kv_heads, head_dim, tied", [
     pytest.param(1, 1, 4, 4, 32, False, id="b1-t1-mha-d32"),
     pytest.param(3, 19, 4, 2, 16, True, id="b3-t19-gqa2-d16-tied"),
-    pytest.param(2, 67, 4, 1, 32, False, id="b2-t67-gqa4-d32"),
+    pytest.param(2, 67, 4, 1, 32, False, id="b2-t67-gqa4-d32", marks=pytest.mark.slow),
 ])
 def test_fp32_logits_and_every_gradient_match_v1(batch, seq, heads, kv_heads, head_dim, tied):
     reference, model = v1_and_v3(config(heads, kv_heads, head_dim, tied))
@@ -89,13 +89,20 @@ def test_fp32_logits_and_every_gradient_match_v1(batch, seq, heads, kv_heads, he
         assert err <= 1e-5 * scale[name], f"{name}: max error {err:.3g} vs scale {scale[name]:.3g}"
 
 
-@pytest.mark.parametrize("options", [{"triton_attention": False}, {"triton_rmsnorm": False},
-                                     {"triton_rope": False}, {"rope_in_attention": True},
-                                     {"fused_residual_norm": False}, {"fused_qkv_grad": False},
-                                     {"triton_swiglu": False},
-                                     {"triton_attention": False, "triton_rmsnorm": False},
-                                     {"fused_qkv": False, "fused_gate_up": False}],
-                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def _switches(options: dict, slow: bool = False):
+    return pytest.param(options, id=",".join(f"{k}={v}" for k, v in options.items()),
+                        marks=[pytest.mark.slow] if slow else [])
+
+
+# make test: one switch of each kind (a kernel, two kernels together, V2's fusions); the
+# others in make test-slow
+@pytest.mark.parametrize("options", [
+    _switches({"triton_attention": False}), _switches({"triton_rmsnorm": False}),
+    _switches({"triton_rope": False}, slow=True), _switches({"rope_in_attention": True}, slow=True),
+    _switches({"fused_residual_norm": False}, slow=True),
+    _switches({"fused_qkv_grad": False}, slow=True), _switches({"triton_swiglu": False}, slow=True),
+    _switches({"triton_attention": False, "triton_rmsnorm": False}),
+    _switches({"fused_qkv": False, "fused_gate_up": False})])
 def test_every_switch_keeps_the_maths(options):
     reference, model = v1_and_v3(config(), **options)
     want, got = results(reference, model, 2, 21)
@@ -103,6 +110,7 @@ def test_every_switch_keeps_the_maths(options):
     assert all(err <= 1e-5 * scale[n] for n, err in errors(got, want).items())
 
 
+@pytest.mark.slow
 def test_fused_linear_ce_gives_the_loss_and_gradients_of_the_logits_path():
     """--fused-linear-ce: forward(ids, targets) returns the mean loss the harness computes from
     the logits, and every parameter gets the same gradient - lm_head's too, tied to the
@@ -123,6 +131,7 @@ def test_fused_linear_ce_gives_the_loss_and_gradients_of_the_logits_path():
     torch.testing.assert_close(model(ids), logits, rtol=1e-5, atol=1e-5)  # no targets: logits
 
 
+@pytest.mark.slow
 def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
     """Eager V3 calls its kernels' launchers directly, which FlopCounterMode cannot see;
     inside `model.flop_counting()` (what `--profile flopcounter` enters) the same calls
