@@ -1,6 +1,6 @@
 """memory: predict the peak memory of a training step, and check the prediction.
 
-Seeds 000/001 estimate memory by hand ("weights + gradients + 2x for AdamW +
+Fine-tuning guides estimate memory by hand ("weights + gradients + 2x for AdamW +
 some activations"); this module does the same bookkeeping carefully enough to
 land within ~15% of `torch.cuda.max_memory_allocated`. docs/ANALYSIS.md walks
 through the derivation; in short, at any moment of a step the live bytes are

@@ -1,6 +1,6 @@
 """Training data: random tokens, or real text as bytes.
 
-`synthetic` draws uniform random tokens. It is what the public precedent timed;
+`synthetic` draws uniform random tokens. It is what AMD's TinyTransformer workshop timed;
 the loss cannot fall below ln(vocab_size), so it tests speed, not learning.
 `text` reads real text as bytes (vocabulary 256): by default the Python
 standard library's own source files, which exist on every machine, so a loss

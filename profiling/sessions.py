@@ -16,7 +16,7 @@ included) and .finish(result) before the results JSON is written. Outputs go
 to --profile-dir (default profiles/<version>/) in a folder named after KIND.
 
 Why one step for the FLOP counters: FLOPs do not change from step to step,
-and summing a running total every step (as the public precedent did) reports
+and summing a running total every step (as AMD's TinyTransformer workshop did) reports
 N steps' worth of FLOPs as if they were one. Why the LAST warm-up step: the
 counters slow the step they watch, and warm-up steps are not timed.
 """

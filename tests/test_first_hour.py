@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -435,6 +436,19 @@ def test_regress_says_how_to_make_a_baseline_and_prints_readable_values(tmp_path
 
 
 # ---------------------------------------------------------------- texts
+def test_comments_and_docs_name_what_a_reader_can_open():
+    """A comment or a doc names a source a reader can find (the README names AMD's
+    TinyTransformer workshop), never one only its authors knew."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sh"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        if name.startswith("docs/published/") or name == "tests/test_first_hour.py":
+            continue
+        text = (REPO / name).read_text()
+        for phrase in ("public precedent", "Seeds 0", "the issue's", "the precedent's"):
+            assert phrase not in text, (name, phrase)
+
+
 def test_exercise_texts_name_their_sources_and_hold_no_machine_notes():
     texts = {p: p.read_text() for p in [REPO / "docs" / "ANALYSIS.md",
                                          *(REPO / "exercises").rglob("*.md")]}

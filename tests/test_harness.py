@@ -198,7 +198,7 @@ def test_a_results_field_of_the_wrong_type_or_sign_is_refused_in_one_line(tmp_pa
 def test_gradient_guard_catches_a_detached_layer():
     v1 = load_version("v1")
     model = v1.build_model(ModelConfig())
-    # Plant the precedent's bug: the first block's output is detached, so
+    # Plant the bug of AMD's TinyTransformer workshop: the first block's output is detached, so
     # the embedding and block 0 get no gradient.
     first = model.layers[0]
     original = first.forward

@@ -135,7 +135,7 @@ def test_deepspeed_counts_one_forward_of_every_version(tmp_path, version):
                    for n in data["notes"])
     else:
         assert 0 < elementwise < 0.01 * analytic  # F.silu, and F.softmax where attention is unfused
-        # One forward: summing both steps (as the public precedent did) would give 2.0.
+        # One forward: summing both steps (as AMD's TinyTransformer workshop did) would give 2.0.
         assert 2 * data["macs"] == analytic and 1.0 < profile["ratio"] < 1.005
     report = (out / "deepspeed" / "deepspeed_profile.txt").read_text()
     assert "Flops Profiler" in report and "fwd flops per GPU" in report

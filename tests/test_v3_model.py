@@ -168,7 +168,7 @@ def test_flop_counter_sees_the_attention_kernels_inside_flop_counting():
 def test_without_triton_every_kernel_switched_off_builds_v2s_model(monkeypatch):
     """No Triton installed: V3 with every kernel off is V2's maths and still builds."""
     v3 = load_version("v3")
-    monkeypatch.setattr(v3, "tk", None)
+    monkeypatch.setattr(v3, "kernels", None)
     off = dict(triton_rmsnorm=False, triton_attention=False, triton_rope=False,
                rope_in_attention=False, fused_residual_norm=False, fused_qkv_grad=False,
                triton_swiglu=False, fused_linear_ce=False)

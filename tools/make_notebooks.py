@@ -306,7 +306,7 @@ from version1_baseline import tiny_llama_v1 as v1
 from version3_triton import kernels as tk
 from version3_triton.kernels import rmsnorm
 
-print("Triton backend:", tk.backend())'''),
+print("Triton backend:", tk.triton_backend())'''),
     ("md", """\
 ## 1. Read a kernel
 

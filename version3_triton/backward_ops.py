@@ -25,7 +25,7 @@ if not torch.cuda.is_available():  # before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from version2_fused.tiny_llama_v2 import silu_mul  # noqa: E402
 from version3_triton import kernels as tk  # noqa: E402
-from version3_triton.bench_kernels import rope_tables  # noqa: E402
+from version3_triton.bench_kernels import full_width_rope_tables  # noqa: E402
 
 # Allocation and bookkeeping every path has (Triton's CPU interpreter adds copies of its own).
 BOOKKEEPING = {"empty", "empty_strided", "new_empty", "set_", "detach", "fill_"} | (
@@ -58,7 +58,7 @@ def main() -> int:
     B, T, H, H_kv, D, ffn = 2, 64, 4, 2, 32, 96
     qkv = torch.randn(B, T, H + 2 * H_kv, D, device=device, dtype=dtype)
     gate_up = torch.randn(B, T, 2 * ffn, device=device, dtype=dtype)
-    cos, sin = rope_tables(T, D, device)
+    cos, sin = full_width_rope_tables(D, T, device)
 
     def attention_separate(qkv):  # what V3 runs with --no-fused-qkv-grad
         qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)

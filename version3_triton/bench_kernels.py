@@ -1,6 +1,6 @@
 """Benchmark version 3's Triton kernels against PyTorch, forward + backward.
 
-    python version3_triton/bench_kernels.py                  # GPU: the issue's shapes, bf16
+    python version3_triton/bench_kernels.py                  # GPU: the shapes below (NORM_SHAPES ...), bf16
     python version3_triton/bench_kernels.py --output results/v3_kernels.json
     python version3_triton/bench_kernels.py --quick          # seconds; on a CPU: the interpreter
 
@@ -62,7 +62,7 @@ from harness.args import OneLineParser  # noqa: E402
 from harness.measure import Timer  # noqa: E402
 from harness.results import git_commit, now, write_json  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
-from version1_baseline.tiny_llama_v1 import rope_tables as half_rope_tables  # noqa: E402
+from version1_baseline.tiny_llama_v1 import rope_tables  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -223,7 +223,7 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     do = torch.randn(b, h, n, d, device=device, dtype=dtype, generator=g)
     flops = attention_flops(b, h, n, d)
     label = f"b{b} h{h}" + (f" kv{kv}" if kv != h else "") + f" s{n} d{d}"
-    cos, sin = rope_tables(n, d, device)
+    cos, sin = full_width_rope_tables(d, n, device)
 
     def rope_first(q, k, v):  # a RoPE kernel pass over q and k, then attention
         q, k = (tk.rope(t.transpose(1, 2), cos, sin).transpose(1, 2) for t in (q, k))
@@ -267,9 +267,10 @@ def add_time_ratios(row: dict, other: dict, other_name: str, row_name: str) -> N
             other["fwd_bwd_graph_ms"] / row["fwd_bwd_graph_ms"]
 
 
-def rope_tables(seq: int, head_dim: int, device, theta: float = 10000.0):
-    """Full-width (cos, cos) / (sin, sin) tables, as version 2 builds them from V1's."""
-    cos, sin = half_rope_tables(head_dim, seq, theta, device)
+def full_width_rope_tables(head_dim: int, seq_len: int, device, theta: float = 10000.0):
+    """Full-width (cos, cos) / (sin, sin) tables, as version 2 builds them from V1's
+    rope_tables (same arguments, same order)."""
+    cos, sin = rope_tables(head_dim, seq_len, theta, device)
     return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
 
 

@@ -72,10 +72,10 @@ from version3_triton.spec import SPEC  # noqa: E402
 if not torch.cuda.is_available():  # must happen before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 try:
-    from version3_triton import kernels as tk  # noqa: E402
+    from version3_triton import kernels  # noqa: E402
     TRITON_MISSING = None
 except ImportError as e:  # no triton: V3 cannot run, everything else still imports
-    tk, TRITON_MISSING = None, e
+    kernels, TRITON_MISSING = None, e
 
 
 def silence_interpreter_warnings() -> None:
@@ -85,12 +85,12 @@ def silence_interpreter_warnings() -> None:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
 
 
-if tk is not None and tk.INTERPRET:
+if kernels is not None and kernels.INTERPRET:
     silence_interpreter_warnings()
 
 
 def require_triton() -> None:
-    if tk is None:
+    if kernels is None:
         raise UsageError(f"version 3 needs Triton ({TRITON_MISSING}); install the triton that "
                          f"matches your torch (pip install triton, or pytorch-triton-rocm)")
 
@@ -125,11 +125,11 @@ class TritonRMSNorm(v2.PlainRMSNorm):
     """V1's RMSNorm (same `weight` parameter) computed by the Triton kernels."""
 
     def forward(self, x):
-        return tk.rms_norm(x, self.weight, self.eps, self.out_dtype(x))
+        return kernels.rms_norm(x, self.weight, self.eps, self.out_dtype(x))
 
     def add_and_norm(self, x, delta):
         """(x + delta, norm(x + delta)) in one kernel each way; delta None: (x, norm(x))."""
-        return tk.add_rms_norm(x, delta, self.weight, self.eps, self.out_dtype(x))
+        return kernels.add_rms_norm(x, delta, self.weight, self.eps, self.out_dtype(x))
 
     @staticmethod
     def out_dtype(x):
@@ -141,12 +141,12 @@ class TritonRMSNorm(v2.PlainRMSNorm):
 class TritonAttention(v2.Attention):
     """V2's attention (one QKV GEMM) with Triton kernels for RoPE and/or its core."""
 
-    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, fusions: v2.Fusions, use: Kernels):
         super().__init__(cfg, fusions)
-        self.flash = kernels.triton_attention
-        self.triton_rope = kernels.triton_rope
-        self.rope_in_attention = kernels.rope_in_attention
-        self.fused_qkv_grad = kernels.fused_qkv_grad
+        self.flash = use.triton_attention
+        self.triton_rope = use.triton_rope
+        self.rope_in_attention = use.rope_in_attention
+        self.fused_qkv_grad = use.fused_qkv_grad
 
     def forward(self, x, cos, sin):
         if not self.triton_rope:
@@ -156,20 +156,20 @@ class TritonAttention(v2.Attention):
         qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
         if self.fused_qkv_grad and not self.rope_in_attention:
             # RoPE + attention on qkv itself; the backward writes qkv's gradient whole
-            out = tk.qkv_attention(qkv, cos, sin, H)
+            out = kernels.qkv_attention(qkv, cos, sin, H)
         else:
             # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies (made only
             # here: each view is a dispatch and an autograd node the fused path has no use for)
             q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
             if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
-                out = tk.flash_attention(q, k, v, cos=cos, sin=sin)
+                out = kernels.flash_attention(q, k, v, cos=cos, sin=sin)
             else:
-                qk = tk.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
+                qk = kernels.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
                 out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q, k, v):
-        return tk.flash_attention(q, k, v) if self.flash else super().attend(q, k, v)
+        return kernels.flash_attention(q, k, v) if self.flash else super().attend(q, k, v)
 
 
 class TritonSwiGLU(v2.SwiGLU):
@@ -177,7 +177,7 @@ class TritonSwiGLU(v2.SwiGLU):
     gate/up GEMM's output; the backward kernel writes that output's gradient whole."""
 
     def forward(self, x):
-        return self.down_proj(tk.swiglu(F.linear(x, self.gate_up_proj.weight)))
+        return self.down_proj(kernels.swiglu(F.linear(x, self.gate_up_proj.weight)))
 
 
 class ResidualNormBlock(v2.Block):
@@ -216,28 +216,28 @@ class ResidualNormLlama(v2.TinyLlama):
 
 
 # The chunk loop runs in Python: torch.compile leaves it out of its graph and it runs eagerly.
-_chunked_loss = torch.compiler.disable(tk.linear_cross_entropy) if tk is not None else None
+_chunked_loss = torch.compiler.disable(kernels.linear_cross_entropy) if kernels is not None else None
 
 
 def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
     """switches: V2's fusions and V3's Kernels by name (settled: SPEC.settle).
     kernel_configs is only recorded (forced launch configurations); it changes nothing."""
-    fusions, kernels = split_switches(switches)
-    any_kernel = kernels.any_kernel
+    fusions, use = split_switches(switches)
+    any_kernel = use.any_kernel
     if any_kernel:
         require_triton()
 
     def attention(cfg, fusions):
-        if kernels.triton_attention or kernels.triton_rope:
-            return TritonAttention(cfg, fusions, kernels)
+        if use.triton_attention or use.triton_rope:
+            return TritonAttention(cfg, fusions, use)
         return v2.Attention(cfg, fusions)
 
     def norm(dim, eps, fused):  # the Triton norm has V2's `weight`: V1's weights load
-        return TritonRMSNorm(dim, eps) if kernels.triton_rmsnorm else v2.RMSNorm(dim, eps, fused)
+        return TritonRMSNorm(dim, eps) if use.triton_rmsnorm else v2.RMSNorm(dim, eps, fused)
 
-    parts = dict(attention=attention, norm=norm, mlp=TritonSwiGLU if kernels.triton_swiglu else v2.SwiGLU)
-    if kernels.fused_residual_norm:
-        model = ResidualNormLlama(config, fusions, fused_linear_ce=kernels.fused_linear_ce, **parts)
+    parts = dict(attention=attention, norm=norm, mlp=TritonSwiGLU if use.triton_swiglu else v2.SwiGLU)
+    if use.fused_residual_norm:
+        model = ResidualNormLlama(config, fusions, fused_linear_ce=use.fused_linear_ce, **parts)
     else:
         model = v2.TinyLlama(config, fusions, **parts)
     if any_kernel:
@@ -246,12 +246,12 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
         # attention by the FLOP formula registered on the operator). The FLOP-counting
         # profiler enters it around the step it counts; ordinary runs skip the
         # operators' host cost (kernels/common.py, "operators").
-        model.flop_counting = tk.eager_operators
-    if any_kernel and tk.INTERPRET:  # the harness adds these to the results
+        model.flop_counting = kernels.eager_operators
+    if any_kernel and kernels.INTERPRET:  # the harness adds these to the results
         model.run_warnings = ["the Triton kernels ran in Triton's CPU interpreter "
                               "(TRITON_INTERPRET=1): a correctness demo, not a speed measurement"]
-    elif kernels.triton_attention and tk.backend() == "hip" and torch.cuda.is_available():
-        slow = tk.attention_warning(tk.current_target())  # MI50, Radeon: no tuned configs
+    elif use.triton_attention and kernels.triton_backend() == "hip" and torch.cuda.is_available():
+        slow = kernels.attention_warning(kernels.current_target())  # MI50, Radeon: no tuned configs
         if slow:
             print(f"warning: {slow}", file=sys.stderr)
             model.run_warnings = [slow]
@@ -264,31 +264,31 @@ def forced_configs(run) -> dict:
     starts (ValueError says what is wrong), with their defaults filled in. The variables
     are read here, once: a launch never reads the environment."""
     cfg = run.settings.model
-    tk.read_environment()
+    kernels.read_environment()
     checked = {}
-    for name in tk.KERNEL_NAMES:
-        config = tk.forced_config(name)
+    for name in kernels.KERNEL_NAMES:
+        config = kernels.forced_config(name)
         if config is not None:
             width = (cfg.hidden_dim if name.startswith("rmsnorm") else
                      cfg.vocab_size if name == "cross_entropy" else cfg.head_dim)
-            checked[name] = tk.check_config(name, config, width, run.bytes_per_value)
+            checked[name] = kernels.check_config(name, config, width, run.bytes_per_value)
     return checked
 
 
 def preflight(args, run) -> dict:
     """Once, before training: can the kernels run here, and which launch configs are forced?"""
     forced = {}
-    _, kernels = split_switches({k: v for k, v in run.settings.options.items() if k != "kernel_configs"})
-    if kernels.any_kernel:
+    _, use = split_switches({k: v for k, v in run.settings.options.items() if k != "kernel_configs"})
+    if use.any_kernel:
         require_triton()
-        if kernels.rope_in_attention and args.compile:
+        if use.rope_in_attention and args.compile:
             raise UsageError("--rope-in-attention runs eager only: its kernels do not yet run "
                              "correctly under --compile (drop one of the two)")
         on_cpu = run.device.type == "cpu"
-        if on_cpu and not tk.INTERPRET:
+        if on_cpu and not kernels.INTERPRET:
             raise UsageError("the Triton kernels need a GPU; for --device cpu set "
                              "TRITON_INTERPRET=1 (Triton's slow CPU interpreter)")
-        if on_cpu and args.precision == "bf16" and kernels.triton_attention:
+        if on_cpu and args.precision == "bf16" and use.triton_attention:
             raise UsageError("Triton's CPU interpreter cannot run bf16 attention "
                              "(use --precision fp32 on the CPU)")
         try:
@@ -300,7 +300,7 @@ def preflight(args, run) -> dict:
 
 def main(argv=None) -> int:
     return training.main(SPEC, build_model, argv=argv, preflight=preflight,
-                         interpreted=tk is not None and tk.INTERPRET,
+                         interpreted=kernels is not None and kernels.INTERPRET,
                          description="Version 3: V2 with Triton RMSNorm and flash-attention "
                                     "kernels (forward and backward).")
 

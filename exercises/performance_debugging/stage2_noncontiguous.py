@@ -11,7 +11,7 @@ view - but the kernel does. Neighbouring elements of a row are now `rows`
 elements apart in memory, so the threads of one warp/wavefront, which should
 read one contiguous run of bytes, each touch a different cache line: most of
 every memory transaction is wasted, and this memory-bound kernel slows down
-several times. (The public precedent found its flash-attention kernel 20x
+several times. (AMD's TinyTransformer workshop found its flash-attention kernel 20x
 slower for the same reason and fixed it with `.contiguous()`.)
 
 The checks that expose it: tokens/s against --fixed, and the profiler's kernel

@@ -9,7 +9,7 @@ synchronize) - and lands in whichever region happens to be timed around it.
 
 This stage swaps the harness's stopwatch (device events, read after one
 synchronize per step) for host timestamps taken without waiting - the pattern of
-the public precedent, which timed "forward" and "backward" this way.
+AMD's TinyTransformer workshop, which timed "forward" and "backward" this way.
 
 The checks that expose it compare with the synchronised run (--fixed): the phases
 no longer add up to the step (forward + backward + optimizer cover much less of it,

@@ -5,12 +5,12 @@ a hand-written GPU kernel does (`out = torch.empty_like(x)`, then launch). Nothi
 autograd how `out` depends on `x` or on the norm's weight, so gradients stop there.
 The final norm sits between every block and the loss: only the output head still
 learns. Backward now skips almost all the work and the step gets "faster" - the fake
-3x speed-up the public precedent of this workshop reported (its "0.6 ms backward").
+3x speed-up AMD's TinyTransformer workshop reported (README) (its "0.6 ms backward").
 
 The checks that expose it:
   * the harness's gradient-flow guard after step 1: every parameter must receive a
     finite, non-zero gradient. Here it does not, and the run stops with exit code 5;
-  * with the guard switched off (--skip-guard, to see what the precedent saw), the
+  * with the guard switched off (--skip-guard, to see what that workshop saw), the
     results' warnings say "backward is faster than forward" - on a GPU a healthy
     backward costs about twice the forward.
 

@@ -24,8 +24,8 @@ kernel, the backward kernel(s), the launch configuration, the torch.library bind
 On a machine without a GPU set TRITON_INTERPRET=1 *before* importing triton: the
 kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 """
-from .common import (INTERPRET, backend, chosen_configs, current_target,  # noqa: F401
-                     eager_operators)
+from .common import (INTERPRET, chosen_configs, current_target,  # noqa: F401
+                     eager_operators, triton_backend)
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
                       check_config, forced_config, read_environment)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401

@@ -93,7 +93,7 @@ def _strides(t: torch.Tensor):
 def _head_meta(q, k, rotate: bool) -> dict:
     D = q.shape[-1]
     # fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too.
-    tf32 = (q.dtype == torch.float32 and common.backend() == "cuda"
+    tf32 = (q.dtype == torch.float32 and common.triton_backend() == "cuda"
             and torch.backends.cuda.matmul.allow_tf32)
     return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
                 BLOCK_D=max(16, common.next_power_of_2(D)), DOT_PRECISION="tf32" if tf32 else "ieee",

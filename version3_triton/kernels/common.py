@@ -22,8 +22,8 @@ from . import configs
 from .configs import (ATTENTION_CONFIGS, SPECS, TUNED_AMD, KernelSpec,  # noqa: F401 (re-exported)
                       attention_configs, attention_warning, candidates, check_config,
                       config_family, forced_config, usable_on)
-from .target import (INTERPRET, Target, amd_target, backend, current_target,  # noqa: F401
-                     next_power_of_2, nvidia_target)
+from .target import (INTERPRET, Target, amd_target, current_target,  # noqa: F401
+                     next_power_of_2, nvidia_target, triton_backend)
 
 POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten elements show
 
@@ -58,7 +58,7 @@ _MAX_BOUND = 4096                    # forget them all past this many (shapes th
 
 
 def _can_bind() -> bool:
-    return (not INTERPRET and backend() == "cuda" and os.environ.get("V3_JIT_LAUNCH", "0") != "1"
+    return (not INTERPRET and triton_backend() == "cuda" and os.environ.get("V3_JIT_LAUNCH", "0") != "1"
             and hasattr(torch._C, "_cuda_getCurrentRawStream"))
 
 

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import triton
 
-from . import target as gpu  # the target facts: gpu.backend(), gpu.current_target(), ...
+from . import target as gpu  # the target facts: gpu.triton_backend(), gpu.current_target(), ...
 from .target import Target
 
 KERNEL_NAMES = ("rmsnorm_fwd", "rmsnorm_bwd", "rope", "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
@@ -389,13 +389,13 @@ def check_config(kernel: str, config: dict, width: int, elem_bytes: int) -> dict
     config, spec = dict(config), SPECS[kernel]
     spec.check(config)
     need = spec.shared_bytes(config, width, elem_bytes)
-    if gpu.backend() == "hip":
+    if gpu.triton_backend() == "hip":
         lds = gpu.current_target().shared_bytes
         if need > lds:
             raise ValueError(f"{kernel}: config {config} needs ~{need // 1024} KiB of LDS, above "
                              f"the {lds // 1024} KiB an AMD GPU has per workgroup")
     config.setdefault("num_warps", 4)
-    config.setdefault("num_stages", 1 if gpu.backend() == "hip" else 2)
+    config.setdefault("num_stages", 1 if gpu.triton_backend() == "hip" else 2)
     return usable_on(config, gpu.current_target())
 
 

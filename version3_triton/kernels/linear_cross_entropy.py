@@ -75,7 +75,7 @@ def _rule(target, width=None):
     return dict(num_warps=8 if (width or 0) >= 2048 else 4, num_stages=1)
 
 
-SPEC = configs.SPECS["cross_entropy"] = KernelSpec(
+KERNEL = configs.SPECS["cross_entropy"] = KernelSpec(
     "cross_entropy", None, lambda config, width, elem_bytes: 0,
     lambda args, constexprs: (constexprs["BLOCK_V"], args["Z"].element_size()), rule=_rule)
 
@@ -92,7 +92,7 @@ def cross_entropy_in_place(logits: torch.Tensor, targets: torch.Tensor, grad_sca
     losses = common.empty((rows,), torch.float32, logits.device)
     if rows:
         block = _block(n_vocab)
-        common.launch(SPEC, _cross_entropy_kernel, ["BLOCK_V"], lambda c: (rows,),
+        common.launch(KERNEL, _cross_entropy_kernel, ["BLOCK_V"], lambda c: (rows,),
                       logits, targets, losses, n_vocab, logits.stride(0), grad_scale, BLOCK_V=block)
     return losses
 

@@ -308,7 +308,7 @@ _add_backward_op = common.define_op("add_rmsnorm_backward", add_rmsnorm_backward
                                     _add_backward_fake)
 
 
-class TritonRMSNorm(torch.autograd.Function):
+class RMSNormFunction(torch.autograd.Function):
     """y = rms_norm(x) * weight, with the Triton forward and backward kernels."""
 
     @staticmethod
@@ -325,7 +325,7 @@ class TritonRMSNorm(torch.autograd.Function):
         return dx, dw, None, None
 
 
-class TritonAddRMSNorm(torch.autograd.Function):
+class AddRMSNormFunction(torch.autograd.Function):
     """(h, y) = (x + delta, rms_norm(x + delta) * weight), one kernel each way."""
 
     @staticmethod
@@ -354,7 +354,7 @@ class TritonAddRMSNorm(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """RMSNorm over the last dimension (Triton forward + backward)."""
-    return TritonRMSNorm.apply(x, weight, eps, out_dtype)
+    return RMSNormFunction.apply(x, weight, eps, out_dtype)
 
 
 def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor,
@@ -366,4 +366,4 @@ def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.T
     first norm of a model, which has nothing to add yet."""
     if delta is None:
         return x, rms_norm(x, weight, eps, out_dtype)
-    return TritonAddRMSNorm.apply(x, delta, weight, eps, out_dtype)
+    return AddRMSNormFunction.apply(x, delta, weight, eps, out_dtype)

@@ -56,7 +56,7 @@ def _rope_kernel(X, COS, SIN, Y, seq_len, n_heads, stride_xb, stride_xt, stride_
 
 # Launch configuration: one position's heads per program is a few KiB - 4 warps,
 # by rule, so nothing is timed (common.launch).
-SPEC = configs.SPECS["rope"] = KernelSpec(
+KERNEL = configs.SPECS["rope"] = KernelSpec(
     "rope", None, lambda config, width, elem_bytes: 0,
     lambda args, constexprs: (2 * constexprs["HALF"], 4),
     rule=lambda target, width: dict(num_warps=4, num_stages=1))
@@ -90,7 +90,7 @@ def rope_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, y: torch.Te
     if y.numel() == 0:
         return
     x = common.last_dim_contiguous(x)
-    common.launch(SPEC, _rope_kernel, ["n_heads", "HALF"], lambda c: (B * T,),
+    common.launch(KERNEL, _rope_kernel, ["n_heads", "HALF"], lambda c: (B * T,),
                   x, cos, sin, y, T, H, *x.stride()[:3], *y.stride()[:3], cos.stride(0),
                   INVERSE=inverse, HALF=D // 2, BLOCK_H=common.next_power_of_2(H),
                   BLOCK_HALF=common.next_power_of_2(D // 2))
@@ -101,7 +101,7 @@ _rope_op = common.define_op("rope", rope_forward,
                                                                             x.device))
 
 
-class TritonRoPE(torch.autograd.Function):
+class RoPEFunction(torch.autograd.Function):
     """Rotary embedding of (B, T, heads, head_dim); backward = the inverse rotation."""
 
     @staticmethod
@@ -120,4 +120,4 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (Triton forward + backward). x: (B, T, heads, head_dim);
     cos, sin: (>= T, head_dim) tables as version 2 builds them. Same maths as
     version 1's apply_rope (in fp32, result in x's dtype), on the other layout."""
-    return TritonRoPE.apply(x, cos, sin)
+    return RoPEFunction.apply(x, cos, sin)

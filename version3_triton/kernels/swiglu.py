@@ -124,7 +124,7 @@ _backward_op = common.define_op(
     lambda grad_y, gate_up: common.empty(gate_up.shape, gate_up.dtype, gate_up.device))
 
 
-class TritonSwiGLU(torch.autograd.Function):
+class SwiGLUFunction(torch.autograd.Function):
     """silu(gate) * up of [gate | up]; saves only the GEMM output it reads."""
 
     @staticmethod
@@ -142,4 +142,4 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the gate/up GEMM's output [gate | up] (Triton forward + backward):
     (..., 2 * ffn) -> (..., ffn); the gradient comes back as one tensor of gate_up's shape.
     Same maths as version 2's silu_mul(gate, up), rounded once."""
-    return TritonSwiGLU.apply(gate_up)
+    return SwiGLUFunction.apply(gate_up)

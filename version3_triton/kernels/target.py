@@ -43,7 +43,7 @@ def nvidia_target(capability: int, shared_bytes: Optional[int] = None) -> Target
     return Target("cuda", f"sm_{capability}", shared_bytes or default, 32)
 
 
-def backend() -> str:
+def triton_backend() -> str:
     """'interpreter', 'hip' (AMD ROCm) or 'cuda' (NVIDIA): picks the config list."""
     if INTERPRET:
         return "interpreter"
@@ -53,10 +53,10 @@ def backend() -> str:
 @functools.lru_cache(maxsize=None)
 def current_target() -> Target:
     """The target of this process: the current GPU, or Triton's CPU interpreter."""
-    if backend() == "interpreter":
+    if triton_backend() == "interpreter":
         return Target("interpreter", "cpu", 1 << 30, 32)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if backend() == "hip":
+    if triton_backend() == "hip":
         return amd_target(getattr(props, "gcnArchName", "gfx000").split(":")[0])
     return nvidia_target(props.major * 10 + props.minor,
                          getattr(props, "shared_memory_per_block_optin", None))
