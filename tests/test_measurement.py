@@ -64,11 +64,13 @@ def test_sdpa_sweep_times_many_calls_between_two_events(monkeypatch):
 
 # ---- the kernel benchmark's SDPA label ---------------------------------------------------
 def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
-    v4 = load_version("v4")
+    load_version("v4")
+    probe = importlib.import_module("version4_sdpa.sdpa_probe")
     bench = importlib.import_module("version3_triton.bench_kernels")
     seen = []
-    monkeypatch.setattr(v4, "probe_sdpa_kernel",
-                        lambda cfg, b, n, device, precision, *a, **k: seen.append(precision) or "flash")
+    monkeypatch.setattr(probe, "probe_sdpa_kernel",
+                        lambda build, cfg, b, n, device, precision, *a, **k:
+                        seen.append(precision) or "flash")
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         assert bench.sdpa_kernel_name((2, 4, 4, 16, 16), dtype, torch.device("cpu")) == "flash"
         assert seen[-1] == name

@@ -454,7 +454,7 @@ precision = "bf16" if GPU else "fp32"  # as a training run here defaults to
 batch, seq = PRESETS[PRESET].batch_size, PRESETS[PRESET].seq_len
 for backend in ("auto", *v4.BACKENDS):
     try:
-        kernel, gqa = v4.choose_sdpa(cfg, batch, seq, device, precision, backend)
+        kernel, gqa = v4.choose_sdpa(v4.build_model, cfg, batch, seq, device, precision, backend)
         print(f"{backend:>9}: runs {kernel} (gqa: {gqa})")
     except UsageError as e:
         print(f"{backend:>9}: cannot run - {str(e)[:110]}...")'''),

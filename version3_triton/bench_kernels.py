@@ -207,10 +207,11 @@ def sdpa_kernel_name(shape, dtype, device) -> str:
     under that autocast: the kernel it names is the one the benchmark's dtype gets."""
     try:
         from harness import ModelConfig
-        from version4_sdpa.tiny_llama_v4 import probe_sdpa_kernel
+        from version4_sdpa.sdpa_probe import probe_sdpa_kernel
+        from version4_sdpa.tiny_llama_v4 import build_model
         b, h, kv, n, d = shape
         cfg = ModelConfig(hidden_dim=h * d, num_heads=h, num_kv_heads=kv, max_seq_len=n)
-        return probe_sdpa_kernel(cfg, b, n, device, DTYPE_NAMES[dtype])
+        return probe_sdpa_kernel(build_model, cfg, b, n, device, DTYPE_NAMES[dtype])
     except Exception:  # version 4 missing or the probe failed: the name is only a label
         return "?"
 
