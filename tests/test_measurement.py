@@ -74,6 +74,8 @@ def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         assert bench.sdpa_kernel_name((2, 4, 4, 16, 16), dtype, torch.device("cpu")) == "flash"
         assert seen[-1] == name
+    monkeypatch.undo()  # the real probe, whose failure the benchmark would show only as "?"
+    assert bench.sdpa_kernel_name((2, 4, 2, 16, 16), torch.float32, torch.device("cpu")) != "?"
 
 
 # ---- the matmul ceiling ------------------------------------------------------------------
