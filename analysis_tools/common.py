@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.config import ModelConfig  # noqa: E402
-from harness.results import SchemaError, load  # noqa: E402
+from harness.results import (SchemaError, load, measured_on_gpu_allocator,  # noqa: E402, F401
+                             peak_memory_mb)  # (re-exported: the analysis tools' one reader)
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,19 +83,14 @@ def unique_labels(results: list[dict]) -> list[str]:
     return out
 
 
-def peak_memory_mb(result: dict) -> float | None:
-    mem = result["memory"]
-    return mem.get("peak_allocated_mb", mem.get("peak_rss_mb"))
-
-
 def memory_kind(result: dict) -> str:
-    return "allocated (GPU)" if "peak_allocated_mb" in result["memory"] else "process RSS (CPU)"
+    return "allocated (GPU)" if measured_on_gpu_allocator(result) else "process RSS (CPU)"
 
 
 def memory_column(results: list[dict]) -> str:
     """The table's peak-memory column: 'peak RSS MB' where every run measured the whole
     process (a CPU run), 'peak MB' (the allocator's peak) otherwise."""
-    return "peak RSS MB" if all("peak_allocated_mb" not in r["memory"] for r in results) else "peak MB"
+    return "peak RSS MB" if not any(map(measured_on_gpu_allocator, results)) else "peak MB"
 
 
 # V3 writes this into the warnings of a run whose Triton kernels ran in Triton's CPU

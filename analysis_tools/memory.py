@@ -40,7 +40,8 @@ from harness import config, flops, training_step
 from harness import precision as precision_mod
 from harness.config import PRECISIONS, PRESETS, VERSIONS, ModelConfig
 
-from .common import AnalysisError, load_results, model_config, peak_memory_mb, plt, save_figure, unique_labels
+from .common import (AnalysisError, load_results, measured_on_gpu_allocator, model_config, peak_memory_mb,
+                     plt, save_figure, unique_labels)
 
 MiB = 1024 * 1024
 
@@ -461,7 +462,7 @@ def memory_table(results: list[dict], trace: bool = False) -> pd.DataFrame:
     for label, r in zip(unique_labels(results), results):
         pred = predict_for_result(r)
         measured = peak_memory_mb(r)
-        gpu = "peak_allocated_mb" in r["memory"]
+        gpu = measured_on_gpu_allocator(r)
         row = {"run": label, "predicted MiB": pred.peak_mib,
                "measured MiB": measured if gpu else None,
                "error %": (pred.peak_mib / measured - 1) * 100 if gpu and measured else None,
@@ -502,7 +503,7 @@ def plot_memory_model(results: list[dict], out_dir, name="memory_model.png"):
     for g, values in stacks.items():
         ax.bar([i - 0.2 for i in x], values, width=0.4, bottom=bottom, label=f"predicted: {g}")
         bottom = [b + v for b, v in zip(bottom, values)]
-    measured = [peak_memory_mb(r) if "peak_allocated_mb" in r["memory"] else float("nan") for r in results]
+    measured = [peak_memory_mb(r) if measured_on_gpu_allocator(r) else float("nan") for r in results]
     ax.bar([i + 0.2 for i in x], measured, width=0.4, color="black", label="measured peak allocated")
     ax.set_xticks(list(x), labels, rotation=20)
     ax.set_ylabel("memory (MiB)")

@@ -24,7 +24,7 @@ import pandas as pd
 
 from harness.config import PRESETS, VERSIONS
 from harness.errors import EXIT_CODES
-from harness.results import SchemaError, load
+from harness.results import SchemaError, load, peak_memory_mb
 from training.workshop import run_version
 
 from .common import REPO, AnalysisError, plt, save_figure
@@ -168,9 +168,7 @@ def _run_points(version, preset, script, points, staging: Path, out_dir: Path, n
         else:
             try:
                 r = load(output)
-                mem = r["memory"]
-                row.update(tokens_per_s=r["throughput"]["tokens_per_s"],
-                           peak_mb=mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
+                row.update(tokens_per_s=r["throughput"]["tokens_per_s"], peak_mb=peak_memory_mb(r),
                            step_ms=r["timing_ms"]["step"]["median"],
                            mfu_pct=r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None)
             except SchemaError as e:

@@ -172,7 +172,7 @@ def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path)
                    phases_ms={p: r["timing_ms"][p]["median"] for p in ("forward", "backward", "optimizer")},
                    achieved_tflops=r["flops"]["achieved_tflops"], mfu_datasheet=r["mfu"]["value"],
                    peak_tflops_datasheet=r["mfu"]["peak_tflops"],
-                   peak_memory_mb=r["memory"].get("peak_allocated_mb", r["memory"].get("peak_rss_mb")),
+                   peak_memory_mb=run_results.peak_memory_mb(r),
                    final_loss=r["losses"][-1], options=r["options"], device=r["device"],
                    config=r["config"], run=r["run"],
                    # The run's complete results dict (losses, guard, warnings, p10/p90):

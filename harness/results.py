@@ -232,6 +232,18 @@ def is_noisy(result: dict) -> bool:
     return spread is not None and spread > NOISY_SPREAD
 
 
+def peak_memory_mb(result: dict) -> float | None:
+    """The run's peak memory in MB: the allocator's peak on a GPU, the process's peak resident
+    memory (RSS) on a CPU. Every table, plot and publisher reads it here."""
+    mem = result["memory"]
+    return mem.get("peak_allocated_mb", mem.get("peak_rss_mb"))
+
+
+def measured_on_gpu_allocator(result: dict) -> bool:
+    """Is peak_memory_mb the GPU allocator's peak (True) or a CPU process's RSS (False)?"""
+    return "peak_allocated_mb" in result["memory"]
+
+
 def table_rows(results: list[dict]) -> list[dict]:
     """One row per run; speed-up is relative to the first v1 run (if any).
     'p90/p10' is the spread of its step times (see NOISY_SPREAD)."""
@@ -239,7 +251,7 @@ def table_rows(results: list[dict]) -> list[dict]:
     base_tps = base["throughput"]["tokens_per_s"] if base else None
     rows = []
     for r in results:
-        t, mem = r["timing_ms"], r["memory"]
+        t = r["timing_ms"]
         tps = r["throughput"]["tokens_per_s"]
         rows.append({
             "version": r["version"] + (" (compiled)" if r["run"].get("compile") else ""),
@@ -249,7 +261,7 @@ def table_rows(results: list[dict]) -> list[dict]:
             "step ms": t["step"]["median"], "fwd ms": t["forward"]["median"],
             "bwd ms": t["backward"]["median"], "opt ms": t["optimizer"]["median"],
             "MFU %": r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None,
-            "peak MB": mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
+            "peak MB": peak_memory_mb(r),
             "final loss": r["losses"][-1] if r["losses"] else None,
             "p90/p10": step_spread(r),
         })

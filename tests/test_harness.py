@@ -384,3 +384,14 @@ def test_precision_lists_from_the_command_line():
     for bad in ("bf8", "", ","):
         with pytest.raises(UsageError, match="precisions must be among"):
             parse_precisions(bad)
+
+
+def test_one_reader_gives_a_records_peak_memory():
+    """harness.results.peak_memory_mb: the allocator's peak on a GPU, RSS on a CPU; every
+    table, plot and publisher reads it there."""
+    from harness import results
+    gpu = {"memory": {"peak_allocated_mb": 512.0, "peak_reserved_mb": 600.0}}
+    cpu = {"memory": {"peak_rss_mb": 300.0}}
+    assert results.peak_memory_mb(gpu) == 512.0 and results.measured_on_gpu_allocator(gpu)
+    assert results.peak_memory_mb(cpu) == 300.0 and not results.measured_on_gpu_allocator(cpu)
+    assert results.peak_memory_mb({"memory": {}}) is None

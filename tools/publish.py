@@ -80,12 +80,13 @@ def compact(result: dict | None) -> dict:
         return {"ok": False, "error": "not run"}
     if "schema_version" not in result:  # a failed row: {"exit_code", "error"}
         return {"ok": False, "exit_code": result.get("exit_code"), "error": result.get("error")}
-    t, mem, run = result["timing_ms"], result["memory"], result["run"]
+    from harness.results import peak_memory_mb  # the one reader of a record's peak memory
+    t, run = result["timing_ms"], result["run"]
     return {"ok": True, "tokens_per_s": result["throughput"]["tokens_per_s"],
             "step_ms": t["step"]["median"], "forward_ms": t["forward"]["median"],
             "backward_ms": t["backward"]["median"], "optimizer_ms": t["optimizer"]["median"],
             "mfu": result["mfu"]["value"],
-            "peak_mb": mem.get("peak_allocated_mb", mem.get("peak_rss_mb")),
+            "peak_mb": peak_memory_mb(result),
             "final_loss": result["losses"][-1] if result["losses"] else None,
             "batch_size": run["batch_size"], "seq_len": run["seq_len"], "precision": run["precision"],
             "world_size": run.get("world_size", 1), "device": result["device"].get("name"),

@@ -492,7 +492,7 @@ def _datasheet_mfu(desc: dict, precision: str, achieved, world_size: int) -> dic
 def summary_line(r: dict) -> str:
     t = r["timing_ms"]
     mfu = f"{r['mfu']['value'] * 100:.1f}%" if r["mfu"]["value"] is not None else "n/a"
-    mem = r["memory"].get("peak_allocated_mb", r["memory"].get("peak_rss_mb", 0))
+    mem = results.peak_memory_mb(r) or 0
     return (f"{r['version']}: {r['throughput']['tokens_per_s']:,.0f} tok/s | step "
             f"{t['step']['median']:.2f} ms (fwd {t['forward']['median']:.2f} / bwd "
             f"{t['backward']['median']:.2f} / opt {t['optimizer']['median']:.2f}) | MFU {mfu} | "
