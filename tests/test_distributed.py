@@ -222,7 +222,8 @@ def single_run(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two gloo ranks against one process, ~20 s: make test-slow
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_two_processes_match_one_process_with_the_global_batch(kind, single_run, tmp_path):
     proc = torchrun(tmp_path / "out", *(["--fsdp"] if kind == "fsdp2" else []))
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["run.json"], "only rank 0 writes"
