@@ -43,6 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from harness.results import write_json  # noqa: E402  (every JSON written whole)
 from tools.published_blocks import render  # noqa: E402
 PUBLISHED = REPO / "docs" / "published"
 PRIMARY_GPU = "h200"  # the set README.md, docs/RESULTS.md and the exercises quote
@@ -176,7 +177,7 @@ def debug_json(log: Path, out: Path) -> int:
     if outcomes is None:
         print(f"error: no outcomes JSON at the end of {log}", file=sys.stderr)
         return 1
-    out.write_text(json.dumps(outcomes, indent=1) + "\n")
+    write_json(out, outcomes, indent=1)
     return 0
 
 
@@ -221,7 +222,7 @@ def collect(work: Path, out: Path) -> dict:
         summary.setdefault("git_commit", data.get("git_commit"))
         summary.setdefault("created", data.get("created"))
     if full_rows:
-        (out / "rows.json").write_text(json.dumps(full_rows) + "\n")
+        write_json(out / "rows.json", full_rows, indent=None)
     for src, dst, key in ((work / "kernels.json", "kernels.json", "kernels"),
                           (work / "host_overhead.json", "host_overhead.json", "host_overhead"),
                           (work / "analysis" / "ceilings.json", "ceilings.json", "ceilings"),
@@ -245,7 +246,7 @@ def collect(work: Path, out: Path) -> dict:
     summary["reproduce"] = "bash benchmarks/reproduce.sh"
     summary["published"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     summary["files"] = sorted(p.name for p in out.iterdir()) + ["summary.json", "RESULTS.md"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
     with tarfile.open(out.with_suffix(".tgz"), "w:gz") as tar:
         tar.add(out, arcname=out.name)
@@ -275,12 +276,12 @@ def update(work: Path, out: Path) -> dict:
     if not parts:
         raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json, "
                          f"host_overhead.json or row)")
-    (out / "rows.json").write_text(json.dumps(rows) + "\n")
+    write_json(out / "rows.json", rows, indent=None)
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
     summary["updated"] = kept + [{"part": part, "created": data.get("created"),
                                   "git_commit": data.get("git_commit")} for part, data in parts.items()]
     summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
     print(f"updated in {out}/: {', '.join(parts)}")
     return summary
@@ -383,7 +384,7 @@ def step_rows(source: Path, step: str, out: Path) -> int:
         return 1
     out.mkdir(parents=True, exist_ok=True)
     for key, data in found.items():
-        (out / f"{key.split('/', 1)[1]}.json").write_text(json.dumps(data) + "\n")
+        write_json(out / f"{key.split('/', 1)[1]}.json", data, indent=None)
     return 0
 
 
