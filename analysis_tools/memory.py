@@ -40,8 +40,8 @@ from harness import config, flops, training_step
 from harness import precision as precision_mod
 from harness.config import PRECISIONS, PRESETS, VERSIONS, ModelConfig
 
-from .common import (AnalysisError, load_results, measured_on_gpu_allocator, model_config, peak_memory_mb,
-                     plt, save_figure, unique_labels)
+from .common import (AnalysisError, load_results, measured_on_gpu_allocator, model_config,
+                     peak_memory_mb, plt, save_figure, unique_labels)
 
 MiB = 1024 * 1024
 

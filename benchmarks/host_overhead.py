@@ -207,8 +207,11 @@ def main(argv=None) -> int:
     import triton
 
     calls = cases(tk)
-    with host_settings(torch.device("cuda"), world_size=1, compiled=False):  # as training runs
+    # Backward as eager training runs it: on this thread, where cProfile sees it too.
+    with host_settings(torch.device("cuda"), world_size=1, compiled=False):
         rows = measure(calls)
+        profiles = [(name, profile_text(fn, args.cprofile)) for name, fn, _ in calls
+                    if args.cprofile and name.startswith("v3:") and name.endswith("fwd+bwd")]
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}, V3 launches {'bound' if common.BIND else 'through Triton'}: "
           f"host microseconds per call (median of 5 x 200 calls)")
@@ -220,12 +223,9 @@ def main(argv=None) -> int:
     dearer = [r["call"] for r in paired if r["ratio"] > 1]
     print(f"{len(paired) - len(dearer)} of {len(paired)} V3 calls cost the host no more than the "
           f"PyTorch call they replace" + (f"; dearer: {', '.join(dearer)}" if dearer else ""))
-    if args.cprofile:  # the backward on this thread: cProfile sees it
-        for name, fn, _ in calls:
-            if name.startswith("v3:") and name.endswith("fwd+bwd"):
-                print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
-                with host_settings(torch.device("cuda"), world_size=1, compiled=False):
-                    print(profile_text(fn, args.cprofile))
+    for name, text in profiles:
+        print(f"\n=== cProfile: {name} (300 calls, sorted by own time)")
+        print(text)
     if args.output:
         results.write_json(args.output, {  # never a half-written file
             "device": devices.device_name(torch.device("cuda")), "torch": torch.__version__,

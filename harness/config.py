@@ -85,7 +85,8 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(ModelConfig(vocab_size=256, hidden_dim=64, num_layers=2, num_heads=4,
                                num_kv_heads=2, max_seq_len=64),
                    batch_size=4, seq_len=32, description="seconds on a laptop CPU"),
-    # The small configuration of AMD's TinyTransformer workshop (hidden 512, 8 layers, seq 128, batch 8).
+    # The small configuration of AMD's TinyTransformer workshop (README): hidden 512,
+    # 8 layers, seq 128, batch 8.
     "small": Preset(ModelConfig(vocab_size=1000, hidden_dim=512, num_layers=8, num_heads=8,
                                 num_kv_heads=8, max_seq_len=128),
                     batch_size=8, seq_len=128, description="launch-bound on a GPU"),

@@ -43,7 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from harness.results import write_json  # noqa: E402  (every JSON written whole)
+# Every JSON written whole (write_json, write_atomic); a record's peak memory read one way.
+from harness.results import peak_memory_mb, write_atomic, write_json  # noqa: E402
 from tools.published_blocks import render  # noqa: E402
 PUBLISHED = REPO / "docs" / "published"
 PRIMARY_GPU = "h200"  # the set README.md, docs/RESULTS.md and the exercises quote
@@ -81,7 +82,6 @@ def compact(result: dict | None) -> dict:
         return {"ok": False, "error": "not run"}
     if "schema_version" not in result:  # a failed row: {"exit_code", "error"}
         return {"ok": False, "exit_code": result.get("exit_code"), "error": result.get("error")}
-    from harness.results import peak_memory_mb  # the one reader of a record's peak memory
     t, run = result["timing_ms"], result["run"]
     return {"ok": True, "tokens_per_s": result["throughput"]["tokens_per_s"],
             "step_ms": t["step"]["median"], "forward_ms": t["forward"]["median"],
@@ -365,7 +365,6 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
         print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
         return 1
     median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
-    from harness.results import write_atomic  # a row reproduce finds is never half-written
     write_atomic(out, median["result"])
     return 0
 

@@ -1,6 +1,6 @@
 """Benchmark version 3's Triton kernels against PyTorch, forward + backward.
 
-    python version3_triton/bench_kernels.py                  # GPU: the shapes below (NORM_SHAPES ...), bf16
+    python version3_triton/bench_kernels.py                  # GPU: the *_SHAPES below, bf16
     python version3_triton/bench_kernels.py --output results/v3_kernels.json
     python version3_triton/bench_kernels.py --quick          # seconds; on a CPU: the interpreter
 

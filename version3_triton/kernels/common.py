@@ -58,7 +58,8 @@ _MAX_BOUND = 4096                    # forget them all past this many (shapes th
 
 
 def _can_bind() -> bool:
-    return (not INTERPRET and triton_backend() == "cuda" and os.environ.get("V3_JIT_LAUNCH", "0") != "1"
+    return (not INTERPRET and triton_backend() == "cuda"
+            and os.environ.get("V3_JIT_LAUNCH", "0") != "1"
             and hasattr(torch._C, "_cuda_getCurrentRawStream"))
 
 
