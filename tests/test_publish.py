@@ -161,10 +161,15 @@ def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkey
                 "created": "2031-01-02T03:04:05+00:00",
                 "rows": [{"call": "torch: F.rms_norm fwd+bwd", "host_us": 150.0, "launches": 3},
                          {"call": "v3: rms_norm fwd+bwd", "host_us": 120.0, "launches": 2,
-                          "replaces": "torch: F.rms_norm fwd+bwd", "ratio": 0.8}]}
+                          "replaces": "torch: F.rms_norm fwd+bwd", "ratio": 0.8},
+                         {"call": "torch: linear, cross_entropy forward", "host_us": 50.0, "launches": 4},
+                         {"call": "v3: linear_cross_entropy forward", "host_us": 100.0, "launches": 9,
+                          "beside": "torch: linear, cross_entropy forward", "ratio": 2.0}]}
     text = blocks.render("host-overhead", {"host_overhead": measured})
     assert "| v3: rms_norm fwd+bwd | 120.0 | 2 | 0.80 |" in text and "GPU X" in text and "2031-01-02" in text
+    assert "| v3: linear_cross_entropy forward | 100.0 | 9 | 2.00 |" in text  # shown, not judged
     assert "1 of 1 V3 calls cost the host no more than the PyTorch call they replace" in text
+    assert "not judged on host time (the GPU sets their pace): linear_cross_entropy." in text
     pub, work = tmp_path / "h200", tmp_path / "work"
     shutil.copytree(REPO / "docs/published/h200", pub)
     work.mkdir()

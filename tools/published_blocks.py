@@ -167,12 +167,16 @@ def host_overhead_table(s: dict) -> str:
     if not h:
         return PLACEHOLDER
     rows = [[r["call"], num(r["host_us"], ",.1f"), str(r.get("launches", "-")),
-             num(r.get("ratio"), ".2f") if r.get("replaces") else ""] for r in h["rows"]]
+             num(r.get("ratio"), ".2f") if r.get("replaces") or r.get("beside") else ""]
+            for r in h["rows"]]
     paired = [r for r in h["rows"] if r.get("replaces")]
     dearer = [r["call"] for r in paired if r.get("ratio", 0) > 1]
+    beside = sorted({r["call"].split()[1] for r in h["rows"] if r.get("beside")})
     verdict = (f"\n\n{len(paired) - len(dearer)} of {len(paired)} V3 calls cost the host no more than "
                f"the PyTorch call they replace (the row above each)"
-               + (f"; dearer: {', '.join(dearer)}." if dearer else ".")) if paired else ""
+               + (f"; dearer: {', '.join(dearer)}" if dearer else "")
+               + (f". Shown beside PyTorch's, not judged on host time (the GPU sets their pace): "
+                  f"{', '.join(beside)}" if beside else "") + ".") if paired else ""
     return (table(["call (tiny input: the GPU waits for the host)", "host us per call",
                    "kernels per call", "V3 / PyTorch"], rows) + verdict
             + f"\n\nMeasured on {h.get('device', '?')} (torch {h.get('torch', '?')}, triton "

@@ -5,6 +5,8 @@ configurations and the launchers' argument checks.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -71,19 +73,21 @@ _LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * log2(e))
 
 def _check_inputs(q, k, v, cos=None, sin=None) -> None:
     common.check_device(q)
-    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+    q_shape, k_shape = q.shape, k.shape  # each .shape is a new object: read them once
+    if len(q_shape) != 4 or k_shape != v.shape or q_shape[0] != k_shape[0] or q_shape[2:] != k_shape[2:]:
         raise ValueError(f"flash_attention wants q (B, H, T, D), k and v (B, H_kv, T, D); got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} are not a multiple of kv heads {k.shape[1]}")
-    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {q.shape[-1]} is not supported (1..{MAX_HEAD_DIM})")
+                         f"{tuple(q_shape)}, {tuple(k_shape)}, {tuple(v.shape)}")
+    if q_shape[1] % k_shape[1]:
+        raise ValueError(f"query heads {q_shape[1]} are not a multiple of kv heads {k_shape[1]}")
+    if not 1 <= q_shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q_shape[-1]} is not supported (1..{MAX_HEAD_DIM})")
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if common.INTERPRET and q.dtype == torch.bfloat16:
         raise ValueError("Triton's CPU interpreter computes bf16 tl.dot wrongly: "
                          "use fp32 or fp16 on the CPU")
-    check_tables(q, cos, sin)
+    if cos is not None or sin is not None:
+        check_tables(q, cos, sin)
 
 
 def _strides(t: torch.Tensor):
@@ -91,10 +95,14 @@ def _strides(t: torch.Tensor):
 
 
 def _head_meta(q, k, rotate: bool) -> dict:
-    D = q.shape[-1]
     # fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too.
-    tf32 = (q.dtype == torch.float32 and common.triton_backend() == "cuda"
-            and torch.backends.cuda.matmul.allow_tf32)
-    return dict(GROUP_SIZE=q.shape[1] // k.shape[1], HEAD_DIM=D,
-                BLOCK_D=max(16, common.next_power_of_2(D)), DOT_PRECISION="tf32" if tf32 else "ieee",
+    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return _meta(q.shape[1] // k.shape[1], q.shape[-1], tf32, rotate)
+
+
+@functools.lru_cache(maxsize=None)
+def _meta(group_size: int, D: int, tf32: bool, rotate: bool) -> dict:
+    """The attention kernels' constexprs, worked out once per kind of call (read-only)."""
+    return dict(GROUP_SIZE=group_size, HEAD_DIM=D, BLOCK_D=max(16, common.next_power_of_2(D)),
+                DOT_PRECISION="tf32" if tf32 and common.triton_backend() == "cuda" else "ieee",
                 ROTATE=rotate, BLOCK_HALF=max(16, common.next_power_of_2(D // 2)))

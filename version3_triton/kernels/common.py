@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from typing import Optional  # noqa: F401 (define_op's schema reads the launchers' annotations here)
@@ -35,7 +36,9 @@ POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten ele
 # call, for an answer that is the same for every call of a training step. So the first
 # call with a given kind of arguments launches through Triton (compiling, autotuning),
 # and keeps the CompiledKernel it ran; later calls look it up by a key built from the
-# arguments and call it directly (`_BOUND`): ~8 us instead of ~25 on an H200 host.
+# arguments and call it directly (`_BOUND`), through the C function under Triton's
+# launcher where it can (below): about half the host time of Triton's own launch
+# (benchmarks/host_overhead.py has both rows).
 #
 # The key must hold everything Triton specialises a kernel on, or a hit would run a
 # kernel compiled for other arguments and compute wrong numbers without a word: each
@@ -53,8 +56,9 @@ _TUNERS: dict[str, object] = {}
 _TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
-_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, function, metadata, tail, (how, config))
+_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, head, tail, (how, config))
 _MAX_BOUND = 4096                    # forget them all past this many (shapes that keep changing)
+_GRID_PAD = {1: (1, 1), 2: (1,), 3: ()}  # a grid of 1 or 2 dimensions, padded to 3
 
 
 def _can_bind() -> bool:
@@ -81,21 +85,27 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
         _bind(bound_key, spec, fn, kernel, len(args), constexprs)
         return
-    run, function, metadata, tail, last = bound
+    launcher, head, tail, last = bound
     _LAST[spec.name] = last
     g = grid(last[1])
-    run(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1,
-        torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
-        *args, *tail)
+    launcher(*g, *_GRID_PAD[len(g)], torch._C._cuda_getCurrentRawStream(device), *head,
+             *args, *tail)
 
 
 def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple:
     """What a call must share with an earlier one to run the kernel that one ran (see
-    above): an int by value (bool, float and None by type and value: True == 1 in Python),
-    a tensor by dtype and 16-byte alignment."""
-    return (fn, device, configs.FORCED_CONFIGS.version, configs.AUTOTUNE, tuple(constexprs.items()),
-            *[a if type(a) is int else (a.dtype, a.data_ptr() % 16 == 0)
-              if isinstance(a, torch.Tensor) else (type(a), a) for a in args])
+    above): an int by value, a tensor by dtype and 16-byte alignment, anything else (bool,
+    float, None) by type and value (True == 1 in Python, so a bool's type keeps it apart)."""
+    key = [fn, device, configs.FORCED_CONFIGS.version, configs.AUTOTUNE, *constexprs.items()]
+    for a in args:
+        kind = a.__class__
+        if kind is int:
+            key.append(a)
+        elif kind is torch.Tensor or isinstance(a, torch.Tensor):
+            key += (a.dtype, not a.data_ptr() & 15)
+        else:
+            key += (kind, a)
+    return tuple(key)
 
 
 def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
@@ -107,7 +117,7 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
     values = {**constexprs, **config}
     try:
         tail = tuple(values[name] for name in fn.arg_names[n_args:])
-        bound = (kernel.run, kernel.function, kernel.packed_metadata, tail, (how, config))
+        launcher, head = _direct_launch(kernel)
     except (AttributeError, KeyError, TypeError) as e:  # another Triton: its own launch it is
         BIND = False
         print(f"note: Triton {triton.__version__}'s compiled kernels cannot be called directly "
@@ -116,7 +126,54 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
         return
     if len(_BOUND) >= _MAX_BOUND:
         _BOUND.clear()
-    _BOUND[bound_key] = bound
+    _BOUND[bound_key] = (launcher, head, tail, (how, config))
+
+
+# Triton's launcher (kernel.run) is a small Python __call__ around a compiled C function
+# (kernel.run.launch): it asks for scratch buffers - none for these kernels - and passes
+# the launch's flags, ~3 us of Python per call on an H200 host. Where that __call__ is
+# the one written below (Triton 3.2-3.6 for NVIDIA), the C function is called with the
+# same arguments; any other launcher is called as Triton calls it.
+_KNOWN_LAUNCHER_CALL = ("self.launch(gridX, gridY, gridZ, stream, function, "
+                        "self.launch_cooperative_grid, self.launch_pdl, global_scratch, "
+                        "profile_scratch, *args)")
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher_is_known(launcher_class) -> bool:
+    try:
+        source = " ".join(inspect.getsource(launcher_class.__call__).split())
+    except (OSError, TypeError, AttributeError):
+        return False
+    return (source.startswith("def __call__(self, gridX, gridY, gridZ, stream, function, *args):")
+            and source.replace("( ", "(").replace(" )", ")").count("self.launch(") == 1
+            and _KNOWN_LAUNCHER_CALL in source.replace("( ", "(").replace(" )", ")"))
+
+
+def _direct_launch(kernel) -> tuple:
+    """(callable, the arguments between the stream and the kernel's own) for a bound call:
+    the C launch where it is known to take these, else Triton's launcher."""
+    run = kernel.run
+    # Triton's own launch metadata (packed), launch_metadata and its enter/exit hooks: none.
+    head = (kernel.function, kernel.packed_metadata, None, None, None)
+    if (DIRECT_C_LAUNCH and _launcher_is_known(type(run))
+            and run.global_scratch_size == 0 and run.profile_scratch_size == 0):
+        return run.launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl,
+                            None, None, *head[1:])
+    return run, head
+
+
+DIRECT_C_LAUNCH = True  # tests switch it to compare the C launch with Triton's launcher
+
+
+def launch_path() -> str:
+    """How the eager launches of this process went, in words (for tables and logs)."""
+    if not BIND:
+        return "through Triton's JIT launch"
+    if not _BOUND:
+        return "bound (none yet)"
+    c_launch = sum(1 for launcher, *_ in _BOUND.values() if not hasattr(launcher, "launch"))
+    return f"bound: {c_launch} of {len(_BOUND)} kernels through the C launch directly"
 
 
 def _launch_through_triton(spec: KernelSpec, fn, key: list, grid, args, constexprs):
@@ -191,13 +248,29 @@ def cdiv(a: int, b: int) -> int:
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """Every output buffer comes from here (see POISON_OUTPUTS)."""
+    """Every output buffer comes from here or from empty_like (see POISON_OUTPUTS)."""
     t = torch.empty(shape, dtype=dtype, device=device)
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
+def empty_strided(shape, strides, dtype: torch.dtype, device) -> torch.Tensor:
+    """A buffer with the given strides: one call, where empty + a transposed view is two."""
+    t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+
+
+def empty_like(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A contiguous buffer of t's shape (in dtype, default t's). torch.empty_like costs
+    the host about half of torch.empty(shape, dtype=, device=), which parses more
+    arguments; it keeps t's strides, so it serves only a contiguous t."""
+    if not t.is_contiguous():
+        return empty(t.shape, dtype or t.dtype, t.device)
+    out = torch.empty_like(t, dtype=dtype)
+    return out.fill_(float("nan")) if POISON_OUTPUTS else out
+
+
 def check_device(t: torch.Tensor) -> None:
-    if t.device.type == "cpu" and not INTERPRET:
+    if not t.is_cuda and not INTERPRET:
         raise RuntimeError("Triton kernels need a GPU tensor; on a CPU-only machine set "
                            "TRITON_INTERPRET=1 before importing triton (slow interpreter)")
 
@@ -214,6 +287,22 @@ def as_rows(t: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int, int]:
         return t, t.numel() // n_cols, n_cols
     t = last_dim_contiguous(t.reshape(-1, n_cols))
     return t, t.shape[0], t.stride(0)
+
+
+# ---- calling an autograd.Function ---------------------------------------------------------
+# Function.apply is a Python classmethod in front of the C function that does the work: it
+# checks for functorch transforms (vmap, grad) and a setup_context, ~2 us of an H200 host's
+# time per call. An eager call outside those goes straight to the C function; torch.compile
+# (which traces Function.apply itself) and the transforms get the whole of it.
+_C_APPLY = torch._C._FunctionBase.__dict__.get("apply")
+
+
+def apply(function, *args):
+    """function.apply(*args), for an autograd.Function without a setup_context."""
+    if (_C_APPLY is None or torch.compiler.is_compiling()
+            or torch._C._are_functorch_transforms_active()):
+        return function.apply(*args)
+    return _C_APPLY.__get__(None, function)(*args)
 
 
 # ---- operators: what torch.compile sees ---------------------------------------------------

@@ -140,7 +140,7 @@ def _outputs(q: torch.Tensor):
     """O is (B, T, H, D) memory seen as (B, H, T, D): the model's reshape to (B, T, H*D)
     is free. Shared by the op and its fake, so both report the same strides."""
     B, H, T, D = q.shape
-    o = common.empty((B, T, H, D), q.dtype, q.device).transpose(1, 2)
+    o = common.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), q.dtype, q.device)
     return o, common.empty((B, H, T), torch.float32, q.device)
 
 
@@ -228,4 +228,4 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     without the RoPE kernel's reads and writes of q and k.
     """
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return FlashAttention.apply(q, k, v, scale, cos, sin)
+    return common.apply(FlashAttention, q, k, v, scale, cos, sin)

@@ -147,4 +147,5 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """Mean cross-entropy of h @ weight^T against targets (Triton kernel, chunked): the same
     loss as F.cross_entropy(F.linear(h, weight).float(), targets) without its whole logits.
     h (..., d) in the compute dtype (under autocast, the weight is cast to it); targets (...)."""
-    return LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunk_rows)
+    return common.apply(LinearCrossEntropy, h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1),
+                        chunk_rows)

@@ -113,4 +113,4 @@ def qkv_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_hea
         raise ValueError(f"qkv_attention wants qkv (B, T, {n_heads} + 2 * kv_heads, D); "
                          f"got {tuple(qkv.shape)}")
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(qkv.shape[3])
-    return QKVAttention.apply(qkv, cos, sin, n_heads, scale)
+    return common.apply(QKVAttention, qkv, cos, sin, n_heads, scale)

@@ -169,9 +169,11 @@ def _spec(kernel: str) -> KernelSpec:
 
 FWD, BWD = configs.SPECS["rmsnorm_fwd"], configs.SPECS["rmsnorm_bwd"] = (
     _spec("rmsnorm_fwd"), _spec("rmsnorm_bwd"))
+TUNING_KEY = ["BLOCK_COLS"]
 
 
 # ---- launchers -------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)  # a hit costs no Python frame: one less layer per call
 def _block_cols(n_cols: int) -> int:
     if n_cols > MAX_NORM_COLS:
         raise ValueError(f"rms_norm: hidden size {n_cols} is above {MAX_NORM_COLS}, the most one "
@@ -180,10 +182,12 @@ def _block_cols(n_cols: int) -> int:
 
 
 def _outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
-    """Allocate y and rstd (shared by the real op and its fake for torch.compile)."""
+    """Allocate y and rstd, one fp32 per row (shared by the real op and its fake for
+    torch.compile)."""
     dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
-    return common.empty(x.shape, dtype, x.device), common.empty(x.shape[:-1], torch.float32,
-                                                                x.device)
+    return (common.empty_like(x, dtype),
+            common.empty((x.numel() // x.shape[-1] if x.shape[-1] else 0,), torch.float32,
+                         x.device))
 
 
 def _launch_forward(x, delta, weight, eps, out_dtype):
@@ -200,10 +204,9 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
         if delta.shape != x.shape:
             raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} is not x's shape "
                              f"{tuple(x.shape)}")
-        (d2, _, stride_delta), h = common.as_rows(delta, n_cols), common.empty(x.shape, x.dtype,
-                                                                               x.device)
+        (d2, _, stride_delta), h = common.as_rows(delta, n_cols), common.empty_like(x)
     if n_rows:
-        common.launch(FWD, _rmsnorm_fwd_kernel, ["BLOCK_COLS"],
+        common.launch(FWD, _rmsnorm_fwd_kernel, TUNING_KEY,
                       lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
                       x2, d2, weight, h, y, rstd, n_rows, n_cols, stride_x, stride_delta, n_cols,
                       eps, ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
@@ -245,15 +248,15 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
     (x2, n_rows, stride_x), (dy2, _, stride_dy) = (common.as_rows(x, n_cols),
                                                    common.as_rows(grad_y, n_cols))
     dh2, _, stride_dh = (None, 0, 0) if grad_h is None else common.as_rows(grad_h, n_cols)
-    dx = common.empty(x.shape, x.dtype, x.device)  # contiguous: its rows are n_cols apart
-    ddelta = None if delta_dtype is None else common.empty(x.shape, delta_dtype, x.device)
+    dx = common.empty_like(x)  # contiguous: its rows are n_cols apart
+    ddelta = None if delta_dtype is None else common.empty_like(x, delta_dtype)
     if n_rows == 0:
         return dx, ddelta, torch.zeros_like(weight)
     programs = _programs(x, n_rows)
     partial = common.empty((programs, n_cols), torch.float32, x.device)
-    common.launch(BWD, _rmsnorm_bwd_kernel, ["BLOCK_COLS"], lambda c: (programs,),
+    common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
                   dy2, x2, weight, rstd, dh2, dx, ddelta, partial, n_rows, n_cols,
-                  common.cdiv(n_rows, programs), stride_dy, stride_x, stride_dh, n_cols,
+                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols,
                   ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
                   BLOCK_COLS=block_cols)
     dw = partial.sum(dim=0)
@@ -354,7 +357,7 @@ class AddRMSNormFunction(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """RMSNorm over the last dimension (Triton forward + backward)."""
-    return RMSNormFunction.apply(x, weight, eps, out_dtype)
+    return common.apply(RMSNormFunction, x, weight, eps, out_dtype)
 
 
 def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor,
@@ -366,4 +369,4 @@ def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.T
     first norm of a model, which has nothing to add yet."""
     if delta is None:
         return x, rms_norm(x, weight, eps, out_dtype)
-    return AddRMSNormFunction.apply(x, delta, weight, eps, out_dtype)
+    return common.apply(AddRMSNormFunction, x, delta, weight, eps, out_dtype)

@@ -120,4 +120,4 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (Triton forward + backward). x: (B, T, heads, head_dim);
     cos, sin: (>= T, head_dim) tables as version 2 builds them. Same maths as
     version 1's apply_rope (in fp32, result in x's dtype), on the other layout."""
-    return RoPEFunction.apply(x, cos, sin)
+    return common.apply(RoPEFunction, x, cos, sin)

@@ -142,4 +142,4 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the gate/up GEMM's output [gate | up] (Triton forward + backward):
     (..., 2 * ffn) -> (..., ffn); the gradient comes back as one tensor of gate_up's shape.
     Same maths as version 2's silu_mul(gate, up), rounded once."""
-    return SwiGLUFunction.apply(gate_up)
+    return common.apply(SwiGLUFunction, gate_up)
