@@ -133,11 +133,13 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
     eager = c.get("eager_repeats", c["repeats"])
     if eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes)):
+        widest = max((r["tokens_per_s_max"] / r["tokens_per_s_min"] for r in c["rows"]
+                      if r["mode"] == "eager" and r.get("tokens_per_s_min")), default=1.0)
         text += (f"\n\nEach eager row is the median of {eager} interleaved processes, with the range "
                  f"they spanned: where the host sets the pace (Python and the launches, not the GPU), "
-                 f"one process differs from the next by up to a fifth, and a wide range marks such a "
-                 f"host-paced row. `regress` judges each row against its range. The other rows are "
-                 f"one process each.")
+                 f"one process differs from the next (here by up to {widest:.2f}x), and a wide range "
+                 f"marks such a host-paced row. `regress` judges each row against its range. The "
+                 f"other rows are one process each.")
     return text
 
 

@@ -71,8 +71,9 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "and SiLU*mul into single kernels removes launches and memory round trips of the "
             "activations; `torch.compile` then fuses the remaining elementwise work.",
             "- **V3 against V4, eager**: both are paced by the host launching kernels (V3's RoPE "
-            "kernel replaces hundreds of small PyTorch launches a step), and an eager V3 run moves by "
-            "a fifth from one process to the next: compare eager rows only within one run. "
+            "kernel replaces hundreds of small PyTorch launches a step), and an eager V3 run moves "
+            "from one process to the next (the range beside each eager row): compare eager rows "
+            "only within one run. "
             "**Compiled**, V3 leads: Inductor launches V3's kernels from its own code, and each "
             "residual add rides in the next norm's Triton kernel, a fusion across operator "
             "boundaries that Inductor does not make around a custom norm (see *Version 3's fusions* "
