@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 
 from harness.config import ModelConfig  # noqa: E402
 from harness.results import (SchemaError, load, measured_on_gpu_allocator,  # noqa: E402, F401
-                             peak_memory_mb)  # (re-exported: the analysis tools' one reader)
+                             numbers, peak_memory_mb)  # (re-exported: the analysis tools' readers)
 
 
 REPO = Path(__file__).resolve().parents[1]

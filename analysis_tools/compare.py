@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.results import NOISY_SPREAD, SchemaError, is_noisy, step_spread, table_rows, validate
+from harness.results import (NOISY_SPREAD, SchemaError, is_noisy, numbers, step_spread, table_rows,
+                             validate)
 
 from .common import (INTERPRETER_MARK, AnalysisError, interpreted, load_results, memory_column, memory_kind, plt,
                      result_paths, save_figure, text_table, unique_labels)
@@ -97,7 +98,7 @@ def _median(values):
 
 
 def final_loss(result: dict):
-    return result["losses"][-1] if result["losses"] else result.get("final_loss")
+    return numbers(result)["final_loss"]
 
 
 def median_of_repeats(repeats: list[dict]) -> dict:
@@ -108,11 +109,12 @@ def median_of_repeats(repeats: list[dict]) -> dict:
     table's 'spread %'. Per-repeat problems stay visible as warnings."""
     n = len(repeats)
     out = copy.deepcopy(repeats[0])  # config, run, options and device are the same in every repeat
-    out["timing_ms"] = {phase: {"median": _median(r["timing_ms"][phase]["median"] for r in repeats), "n": n}
+    each = [numbers(r) for r in repeats]
+    out["timing_ms"] = {phase: {"median": _median(m[f"{phase}_ms"] for m in each), "n": n}
                         for phase in repeats[0]["timing_ms"]}
-    out["throughput"] = {"tokens_per_s": _median(r["throughput"]["tokens_per_s"] for r in repeats)}
-    out["flops"]["achieved_tflops"] = _median(r["flops"]["achieved_tflops"] for r in repeats)
-    out["mfu"]["value"] = _median(r["mfu"]["value"] for r in repeats)
+    out["throughput"] = {"tokens_per_s": _median(m["tokens_per_s"] for m in each)}
+    out["flops"]["achieved_tflops"] = _median(m["achieved_tflops"] for m in each)
+    out["mfu"]["value"] = _median(m["mfu"] for m in each)
     out["memory"] = {key: _median(r["memory"].get(key) for r in repeats) for key in out["memory"]}
     curves = [r["losses"] for r in repeats]
     same_length = curves[0] and all(len(c) == len(curves[0]) for c in curves)
@@ -128,12 +130,12 @@ def median_of_repeats(repeats: list[dict]) -> dict:
     for i, r in enumerate(repeats, 1):
         prefix = f"repeat {i}/{n}: " if n > 1 else ""
         out["warnings"] += [prefix + w for w in r["warnings"]]
-        fwd, bwd = r["timing_ms"]["forward"]["median"], r["timing_ms"]["backward"]["median"]
+        fwd, bwd = each[i - 1]["forward_ms"], each[i - 1]["backward_ms"]
         if n > 1 and fwd and bwd is not None and bwd < fwd and not guard_passed(r):
             # the median may hide one odd repeat
             out["warnings"].append(f"{prefix}backward {bwd:.2f} ms < forward {fwd:.2f} ms in this "
                                    "repeat, whose gradient guard did not pass (a cut graph?)")
-    out["repeats"] = {"n": n, "tokens_per_s": [r["throughput"]["tokens_per_s"] for r in repeats]}
+    out["repeats"] = {"n": n, "tokens_per_s": [m["tokens_per_s"] for m in each]}
     return out
 
 
@@ -204,7 +206,7 @@ def comparison_table(results: list[dict]) -> pd.DataFrame:
     speedups = []
     for r, tps in zip(results, df["tokens/s"]):
         base = next((b for b in results if b["version"] == "v1" and setup_key(b) == setup_key(r)), None)
-        base_tps = base["throughput"]["tokens_per_s"] if base else None
+        base_tps = numbers(base)["tokens_per_s"] if base else None
         speedups.append(INTERPRETED if interpreted(r) else tps / base_tps if base_tps and tps else None)
     df["speedup"] = speedups
     if all(spread is None for spread in df["p90/p10"]):
@@ -232,8 +234,8 @@ def suspicious(results: list[dict]) -> list[str]:
     flags = []
     labels = unique_labels(results)
     for label, r in zip(labels, results):
-        t = r["timing_ms"]
-        fwd, bwd = t["forward"]["median"], t["backward"]["median"]
+        m = numbers(r)
+        fwd, bwd = m["forward_ms"], m["backward_ms"]
         if not guard_passed(r):
             guard = r.get("gradient_guard")
             cut = (f"; backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms)"
@@ -243,7 +245,7 @@ def suspicious(results: list[dict]) -> list[str]:
         if is_noisy(r) and not interpreted(r):  # an interpreted run shows no speed-up to doubt
             flags.append(f"{label}: step times spread {step_spread(r):.1f}x (p90/p10, over "
                          f"{NOISY_SPREAD}x): the machine was busy, its speed-up means little")
-        mfu = r["mfu"]["value"]
+        mfu = numbers(r)["mfu"]
         if mfu is not None and mfu > 1.0:
             flags.append(f"{label}: MFU {mfu * 100:.0f}% is above 100% - the timing cannot be "
                          "right (missing synchronization?)")
@@ -278,7 +280,7 @@ def observations(results: list[dict]) -> list[str]:
                      "speed-up is shown (its losses still check the maths); the step-time plot "
                      "draws it on a scale of its own. The GPU results are in docs/RESULTS.md")
     launch_bound = [label for label, r in zip(labels, results) if guard_passed(r) and not interpreted(r)
-                    and (r["timing_ms"]["backward"]["median"] or 0) < (r["timing_ms"]["forward"]["median"] or 0)]
+                    and (numbers(r)["backward_ms"] or 0) < (numbers(r)["forward_ms"] or 0)]
     if launch_bound:
         notes.append(f"backward faster than forward ({', '.join(launch_bound)}) with the gradient "
                      "guard passed: the run is launch-bound (the host sets the pace, and autograd "

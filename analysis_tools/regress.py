@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import AnalysisError, peak_memory_mb, run_label
+from .common import AnalysisError, numbers, run_label
 
 DEFAULT_TOLERANCES = {"throughput": 0.05, "memory": 0.10, "loss": 0.02}
 # How each metric's values are shown: tokens/s as whole numbers, MB, loss to 4 places.
@@ -35,9 +35,9 @@ DISPLAY = {"throughput": ("{:,.0f} tok/s"), "memory": "{:,.1f} MB", "loss": "{:.
 MAKE_BASELINE = ("make one from results you trust: `mkdir -p results/baseline && cp "
                  "results/workshop/*.json results/baseline/`, then `--baseline results/baseline/`")
 METRICS = {  # name: (how to read it, +1 if higher is better else -1)
-    "throughput": (lambda r: r["throughput"]["tokens_per_s"], +1),
-    "memory": (peak_memory_mb, -1),
-    "loss": (lambda r: r["losses"][-1] if r["losses"] else None, -1),
+    "throughput": (lambda r: numbers(r)["tokens_per_s"], +1),
+    "memory": (lambda r: numbers(r)["peak_memory_mb"], -1),
+    "loss": (lambda r: numbers(r)["final_loss"], -1),
 }
 
 

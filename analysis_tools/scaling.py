@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from harness.errors import UsageError
+from harness.results import numbers
 from training.parallel import BUCKET_MB, DEFAULTS
 
 
@@ -33,8 +34,8 @@ def scaling(single: dict, multi: dict) -> dict:
                                          else "world size of the baseline")
         raise UsageError(f"not comparable to the 1-GPU baseline (differs in {what}): "
                          f"use the same model and per-GPU batch")
-    tps_1, tps_n = single["throughput"]["tokens_per_s"], multi["throughput"]["tokens_per_s"]
-    step_1, step_n = single["timing_ms"]["step"]["median"], multi["timing_ms"]["step"]["median"]
+    (tps_1, step_1), (tps_n, step_n) = ((m["tokens_per_s"], m["step_ms"])
+                                        for m in (numbers(single), numbers(multi)))
     comm = (multi.get("distributed") or {}).get("communication") or {}
     return {"kind": multi["run"].get("parallel", "single"), "variant": variant(multi),
             "world_size": n,
@@ -87,11 +88,11 @@ COLUMNS = (  # header, key in a scaling() row, format; text columns are left-ali
 
 
 def format_scaling(single: dict, rows: list[dict]) -> str:
-    tps = single["throughput"]["tokens_per_s"]
+    m = numbers(single)
+    tps = m["tokens_per_s"]
     base = {"kind": "1 GPU", "variant": "", "world_size": 1,
             "global_batch_size": single["run"].get("global_batch_size"), "tokens_per_s": tps,
-            "tokens_per_s_per_gpu": tps, "efficiency": 1.0,
-            "step_ms": single["timing_ms"]["step"]["median"]}
+            "tokens_per_s_per_gpu": tps, "efficiency": 1.0, "step_ms": m["step_ms"]}
     cells = [[h for h, _, _ in COLUMNS]]
     cells += [["n/a" if r.get(key) is None else format(r[key], spec) for _, key, spec in COLUMNS]
               for r in [base, *rows]]

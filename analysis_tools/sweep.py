@@ -24,7 +24,7 @@ import pandas as pd
 
 from harness.config import PRESETS, VERSIONS
 from harness.errors import EXIT_CODES
-from harness.results import SchemaError, load, peak_memory_mb
+from harness.results import SchemaError, load, numbers
 from training.workshop import run_version
 
 from .common import REPO, AnalysisError, plt, save_figure
@@ -168,9 +168,10 @@ def _run_points(version, preset, script, points, staging: Path, out_dir: Path, n
         else:
             try:
                 r = load(output)
-                row.update(tokens_per_s=r["throughput"]["tokens_per_s"], peak_mb=peak_memory_mb(r),
-                           step_ms=r["timing_ms"]["step"]["median"],
-                           mfu_pct=r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None)
+                m = numbers(r)
+                row.update(tokens_per_s=m["tokens_per_s"], peak_mb=m["peak_memory_mb"],
+                           step_ms=m["step_ms"],
+                           mfu_pct=m["mfu"] * 100 if m["mfu"] is not None else None)
             except SchemaError as e:
                 row.update(status="failed (bad results)", message=str(e))
         say(f"  [{i}/{len(points)}] {name}: {row['status']}"

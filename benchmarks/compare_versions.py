@@ -167,13 +167,13 @@ def run_one(name: str, mode: str, repeat: int, common: list[str], workdir: Path)
         errors = [line for line in lines if line.startswith("error")]
         row["error"] = (errors or lines or [f"exit code {code}"])[-1]
     else:
-        row.update(tokens_per_s=r["throughput"]["tokens_per_s"],
-                   step_ms=r["timing_ms"]["step"]["median"],
-                   phases_ms={p: r["timing_ms"][p]["median"] for p in ("forward", "backward", "optimizer")},
-                   achieved_tflops=r["flops"]["achieved_tflops"], mfu_datasheet=r["mfu"]["value"],
+        m = run_results.numbers(r)
+        row.update(tokens_per_s=m["tokens_per_s"], step_ms=m["step_ms"],
+                   phases_ms={p: m[f"{p}_ms"] for p in ("forward", "backward", "optimizer")},
+                   achieved_tflops=m["achieved_tflops"], mfu_datasheet=m["mfu"],
                    peak_tflops_datasheet=r["mfu"]["peak_tflops"],
-                   peak_memory_mb=run_results.peak_memory_mb(r),
-                   final_loss=r["losses"][-1], options=r["options"], device=r["device"],
+                   peak_memory_mb=m["peak_memory_mb"],
+                   final_loss=m["final_loss"], options=r["options"], device=r["device"],
                    config=r["config"], run=r["run"],
                    # The run's complete results dict (losses, guard, warnings, p10/p90):
                    # `python -m analysis_tools compare` reads it as it reads a results JSON.

@@ -22,8 +22,11 @@ Schema (version 1) - every run writes all top-level keys:
   noisy            {value, p90_over_p10, threshold}: value true where the step times spread
                    over NOISY_SPREAD (optional)
 
-format_table (table_rows) prints a list of results as the plain-text table the
-workshop shows at its end; analysis_tools/compare.py extends the same rows.
+This module builds the record (build), writes it (write_atomic, write_json), reads it
+(load, validate) and reads its numbers (numbers: tokens/s, step and phase ms, MFU, peak
+memory, final loss) for every table, plot and publisher. format_table (table_rows) prints
+a list of results as the plain-text table the workshop shows at its end;
+analysis_tools/compare.py extends the same rows.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from . import flops
 from .errors import UsageError
 
 SCHEMA_VERSION = 1
@@ -69,6 +73,85 @@ def git_commit(repo_dir: Path | None = None) -> str | None:
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+FLOP_CONVENTION = "6*N_matmul + 12*L*d*T per token (fwd+bwd), no causal discount"
+
+
+def build(settings, precision: str, device: dict, losses: list, timing: dict, memory: dict, *,
+          checked_params: int, tokens_per_step: int, measured_peak=None, world_size: int = 1,
+          parallel: str = "single", distributed: dict | None = None, warnings=()) -> dict:
+    """The record of one training run (the schema above). settings: the run's RunSettings;
+    device: harness.device.describe's dict; timing: {phase: {median, p10, p90, ...}} in ms;
+    measured_peak: a measured ceiling to take MFU against (the datasheet's beside it);
+    warnings: what the model itself wants the reader to know."""
+    cfg = settings.model
+    step_ms = timing["step"]["median"]
+    per_token = flops.model_flops_per_token(cfg, settings.seq_len)
+    per_step = per_token * tokens_per_step
+    achieved = per_step / (step_ms / 1000) / 1e12 if step_ms else None
+    peak = flops.peak_for(device["name"], device["arch"], precision, measured_peak)
+    peak_total = peak["tflops"] * world_size if peak["tflops"] else None
+    warnings = list(warnings)
+    fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
+    if fwd and bwd is not None and bwd < fwd and not (checked_params and device["backend"] == "cpu"):
+        # Backward does ~2x the forward's FLOPs. Where the gradient guard passed (a cut
+        # graph stops the run), a GPU run is launch-bound: Python launches the forward,
+        # autograd's C++ engine the backward, and the host, not the device, sets the pace.
+        # A CPU computes what it launches, so there the order says nothing of launches.
+        warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms) " + (
+            "with the gradient guard passed: a launch-bound run (the host sets the pace)"
+            if checked_params else "and no gradient guard checked this run: is the autograd "
+            "graph cut?"))
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "version": settings.version,
+        "created": now(),
+        "command": settings.command,
+        "git_commit": git_commit(),
+        "config": cfg.to_dict(),
+        "run": {"preset": settings.preset, "batch_size": settings.batch_size,
+                "seq_len": settings.seq_len, "num_steps": settings.num_steps,
+                "warmup_steps": settings.warmup_steps, "learning_rate": settings.learning_rate,
+                "precision": precision, "seed": settings.seed, "data": settings.data,
+                "compile": settings.compile,
+                "compile_mode": settings.compile_mode if settings.compile else None,
+                "optimizer": settings.optimizer, "grad_checkpoint": settings.grad_checkpoint,
+                "grad_accum": settings.grad_accum, "deterministic": settings.deterministic,
+                "world_size": world_size, "parallel": parallel,
+                "global_batch_size": settings.global_batch_size(world_size),
+                "tokens_per_step": tokens_per_step},
+        "options": settings.options,
+        "device": device,
+        "losses": losses,
+        "timing_ms": timing,
+        "throughput": {"tokens_per_s": tokens_per_step / step_ms * 1000 if step_ms else None,
+                       "samples_per_s": (tokens_per_step / settings.seq_len) / step_ms * 1000
+                       if step_ms else None},
+        "flops": {"convention": FLOP_CONVENTION, "per_step": per_step, "per_token": per_token,
+                  "attention_kernel": flops.attention_kernel_flops(cfg, settings.batch_size,
+                                                                   settings.seq_len),
+                  "achieved_tflops": achieved},
+        "mfu": {"value": achieved / peak_total if achieved and peak_total else None,
+                "peak_tflops": peak["tflops"], "peak_source": peak["source"]},
+        "memory": memory,
+        # A failing guard stops the run (exit 5); one that never looked (0 gradients
+        # checked) has not passed: passed is null then, never true.
+        "gradient_guard": {"passed": True if checked_params else None,
+                           "checked_params": checked_params},
+        "warnings": warnings,
+    }
+    if measured_peak:  # against a measured ceiling, the datasheet MFU stays beside it
+        sheet = flops.peak_for(device["name"], device["arch"], precision)
+        total = sheet["tflops"] * world_size if sheet["tflops"] else None
+        record["mfu"].update(datasheet_value=achieved / total if achieved and total else None,
+                             datasheet_peak_tflops=sheet["tflops"])
+    # Step times spread over NOISY_SPREAD: the machine was busy with other work.
+    record["noisy"] = {"value": is_noisy(record), "p90_over_p10": step_spread(record),
+                       "threshold": NOISY_SPREAD}
+    if distributed:
+        record["distributed"] = distributed
+    return record
 
 
 OBJECTS = ("config", "run", "options", "device", "timing_ms", "throughput", "flops", "mfu",
@@ -244,26 +327,41 @@ def measured_on_gpu_allocator(result: dict) -> bool:
     return "peak_allocated_mb" in result["memory"]
 
 
+def numbers(result: dict) -> dict:
+    """The numbers of one run that every table, plot and publisher quotes: tokens_per_s,
+    step_ms and each phase's ms (forward_ms, ...: medians), mfu (a fraction, None with no
+    known peak), achieved_tflops, peak_memory_mb, final_loss and the step times'
+    p90_over_p10. Missing parts (a record rebuilt from a comparison's row) read as None."""
+    timing, losses = result["timing_ms"], result.get("losses")
+    return {"tokens_per_s": result["throughput"]["tokens_per_s"],
+            **{f"{phase}_ms": timing.get(phase, {}).get("median") for phase in TIMED_PHASES},
+            "mfu": result.get("mfu", {}).get("value"),
+            "achieved_tflops": result.get("flops", {}).get("achieved_tflops"),
+            "peak_memory_mb": peak_memory_mb(result) if "memory" in result else None,
+            "final_loss": losses[-1] if losses else result.get("final_loss"),
+            "p90_over_p10": step_spread(result)}
+
+
 def table_rows(results: list[dict]) -> list[dict]:
     """One row per run; speed-up is relative to the first v1 run (if any).
     'p90/p10' is the spread of its step times (see NOISY_SPREAD)."""
     base = next((r for r in results if r["version"] == "v1"), None)
-    base_tps = base["throughput"]["tokens_per_s"] if base else None
+    base_tps = numbers(base)["tokens_per_s"] if base else None
     rows = []
     for r in results:
-        t = r["timing_ms"]
-        tps = r["throughput"]["tokens_per_s"]
+        m = numbers(r)
+        tps = m["tokens_per_s"]
         rows.append({
             "version": r["version"] + (" (compiled)" if r["run"].get("compile") else ""),
             "precision": r["run"]["precision"],
             "tokens/s": tps,
             "speedup": tps / base_tps if base_tps and tps else None,
-            "step ms": t["step"]["median"], "fwd ms": t["forward"]["median"],
-            "bwd ms": t["backward"]["median"], "opt ms": t["optimizer"]["median"],
-            "MFU %": r["mfu"]["value"] * 100 if r["mfu"]["value"] is not None else None,
-            "peak MB": peak_memory_mb(r),
-            "final loss": r["losses"][-1] if r["losses"] else None,
-            "p90/p10": step_spread(r),
+            "step ms": m["step_ms"], "fwd ms": m["forward_ms"],
+            "bwd ms": m["backward_ms"], "opt ms": m["optimizer_ms"],
+            "MFU %": m["mfu"] * 100 if m["mfu"] is not None else None,
+            "peak MB": m["peak_memory_mb"],
+            "final loss": m["final_loss"],
+            "p90/p10": m["p90_over_p10"],
         })
     return rows
 

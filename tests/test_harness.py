@@ -3,6 +3,7 @@ and the import structure (no version imported by the harness, no circle)."""
 import ast
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import load_version
+from conftest import REPO, load_version
 from harness import flops, measure, results
 from harness.config import (PRECISIONS, PRESETS, REFERENCE_VERSION, VERSIONS, ModelConfig,
                             llama_ffn_dim, reference_weights)
@@ -395,3 +396,29 @@ def test_one_reader_gives_a_records_peak_memory():
     assert results.peak_memory_mb(gpu) == 512.0 and results.measured_on_gpu_allocator(gpu)
     assert results.peak_memory_mb(cpu) == 300.0 and not results.measured_on_gpu_allocator(cpu)
     assert results.peak_memory_mb({"memory": {}}) is None
+
+
+def test_one_reader_gives_a_records_numbers():
+    """harness.results.numbers: tokens/s, step and phase ms, MFU, peak memory and final loss
+    of one record, read there by every table, plot and publisher (no other file reaches into
+    the record for them)."""
+    from harness import results
+    record = {"timing_ms": {p: {"median": float(i + 1), "p10": 1.0, "p90": 2.0}
+                            for i, p in enumerate(results.TIMED_PHASES)},
+              "throughput": {"tokens_per_s": 1000.0}, "mfu": {"value": 0.25},
+              "flops": {"achieved_tflops": 12.5}, "memory": {"peak_rss_mb": 300.0}, "losses": [5.0, 4.0]}
+    assert results.numbers(record) == {
+        "tokens_per_s": 1000.0, "forward_ms": 1.0, "backward_ms": 2.0, "optimizer_ms": 3.0,
+        "step_ms": 4.0, "mfu": 0.25, "achieved_tflops": 12.5, "peak_memory_mb": 300.0,
+        "final_loss": 4.0, "p90_over_p10": 2.0}
+    rebuilt = {"timing_ms": {"step": {"median": 4.0}}, "throughput": {"tokens_per_s": 9.0},
+               "losses": [], "final_loss": 3.5}  # a comparison's row: only some numbers kept
+    assert results.numbers(rebuilt)["final_loss"] == 3.5 and results.numbers(rebuilt)["mfu"] is None
+    reads = re.compile(r'\["throughput"\]\["tokens_per_s"\]|\["timing_ms"\]\[|\["mfu"\]\["value"\]'
+                       r'|\["losses"\]\[-1\]')
+    readers = [f"{path.relative_to(REPO)}:{n}" for folder in ("analysis_tools", "benchmarks", "tools",
+                                                             "training", "exercises", "harness")
+               for path in sorted((REPO / folder).rglob("*.py")) if path.name != "results.py"
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if reads.search(line.split(" = ", 1)[-1])]  # what a line reads, not what it writes
+    assert not readers, f"read the record through harness.results.numbers: {readers}"

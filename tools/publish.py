@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 # Every JSON written whole (write_json, write_atomic); a record's peak memory read one way.
-from harness.results import peak_memory_mb, write_atomic, write_json  # noqa: E402
+from harness.results import numbers, peak_memory_mb, write_atomic, write_json  # noqa: E402
 from tools.published_blocks import render  # noqa: E402
 PUBLISHED = REPO / "docs" / "published"
 PRIMARY_GPU = "h200"  # the set README.md, docs/RESULTS.md and the exercises quote
@@ -82,13 +82,11 @@ def compact(result: dict | None) -> dict:
         return {"ok": False, "error": "not run"}
     if "schema_version" not in result:  # a failed row: {"exit_code", "error"}
         return {"ok": False, "exit_code": result.get("exit_code"), "error": result.get("error")}
-    t, run = result["timing_ms"], result["run"]
-    return {"ok": True, "tokens_per_s": result["throughput"]["tokens_per_s"],
-            "step_ms": t["step"]["median"], "forward_ms": t["forward"]["median"],
-            "backward_ms": t["backward"]["median"], "optimizer_ms": t["optimizer"]["median"],
-            "mfu": result["mfu"]["value"],
-            "peak_mb": peak_memory_mb(result),
-            "final_loss": result["losses"][-1] if result["losses"] else None,
+    m, run = numbers(result), result["run"]
+    return {"ok": True, "tokens_per_s": m["tokens_per_s"],
+            "step_ms": m["step_ms"], "forward_ms": m["forward_ms"],
+            "backward_ms": m["backward_ms"], "optimizer_ms": m["optimizer_ms"],
+            "mfu": m["mfu"], "peak_mb": m["peak_memory_mb"], "final_loss": m["final_loss"],
             "batch_size": run["batch_size"], "seq_len": run["seq_len"], "precision": run["precision"],
             "world_size": run.get("world_size", 1), "device": result["device"].get("name"),
             "torch": result["device"].get("torch"), "created": result.get("created"),

@@ -361,9 +361,11 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     timing = _timing(clock_marks[settings.warmup_steps:], settings.grad_accum)
     timing = ctx.aggregate_timing(timing)
     memory = measure.peak_memory(device)
-    result = _assemble(settings, precision, device, losses, timing, memory, checked_params,
-                       tokens_per_step, measured_peak, ctx,
-                       [*getattr(base_model, "run_warnings", ()), *notes])
+    result = results.build(
+        settings, precision, dev.describe(device), losses, timing, memory,
+        checked_params=checked_params, tokens_per_step=tokens_per_step,
+        measured_peak=measured_peak, world_size=ctx.world_size, parallel=ctx.kind,
+        distributed=ctx.extra, warnings=[*getattr(base_model, "run_warnings", ()), *notes])
     # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
     result["gradient_guard"]["layout"] = ("v1" if settings.version == "v1" or hasattr(base_model, "to_v1_layout")
                                           else "model")
@@ -415,87 +417,12 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
 
 
-def _assemble(settings, precision, device, losses, timing, memory, checked_params,
-              tokens_per_step, measured_peak, ctx, model_warnings=()) -> dict:
-    cfg = settings.model
-    step_ms = timing["step"]["median"]
-    per_step = flops.model_flops_per_token(cfg, settings.seq_len) * tokens_per_step
-    achieved = per_step / (step_ms / 1000) / 1e12 if step_ms else None
-    desc = dev.describe(device)
-    peak = flops.peak_for(desc["name"], desc["arch"], precision, measured_peak)
-    peak_total = peak["tflops"] * ctx.world_size if peak["tflops"] else None
-    warnings = list(model_warnings)  # what the model itself wants the reader to know
-    fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
-    if fwd and bwd is not None and bwd < fwd and not (checked_params and device.type == "cpu"):
-        # Backward does ~2x the forward's FLOPs. Where the gradient guard passed (a cut
-        # graph stops the run), a GPU run is launch-bound: Python launches the forward,
-        # autograd's C++ engine the backward, and the host, not the device, sets the pace.
-        # A CPU computes what it launches, so there the order says nothing of launches.
-        warnings.append(f"backward ({bwd:.2f} ms) is faster than forward ({fwd:.2f} ms) " + (
-            "with the gradient guard passed: a launch-bound run (the host sets the pace)"
-            if checked_params else "and no gradient guard checked this run: is the autograd "
-            "graph cut?"))
-    spread = results.step_spread({"timing_ms": timing})
-    return {
-        "schema_version": results.SCHEMA_VERSION,
-        "version": settings.version,
-        "created": results.now(),
-        "command": settings.command,
-        "git_commit": results.git_commit(),
-        "config": cfg.to_dict(),
-        "run": {"preset": settings.preset, "batch_size": settings.batch_size,
-                "seq_len": settings.seq_len, "num_steps": settings.num_steps,
-                "warmup_steps": settings.warmup_steps, "learning_rate": settings.learning_rate,
-                "precision": precision, "seed": settings.seed, "data": settings.data,
-                "compile": settings.compile, "compile_mode": settings.compile_mode if settings.compile else None,
-                "optimizer": settings.optimizer, "grad_checkpoint": settings.grad_checkpoint,
-                "grad_accum": settings.grad_accum, "deterministic": settings.deterministic,
-                "world_size": ctx.world_size, "parallel": ctx.kind,
-                "global_batch_size": settings.global_batch_size(ctx.world_size),
-                "tokens_per_step": tokens_per_step},
-        "options": settings.options,
-        "device": desc,
-        "losses": losses,
-        "timing_ms": timing,
-        "throughput": {"tokens_per_s": tokens_per_step / step_ms * 1000 if step_ms else None,
-                       "samples_per_s": (tokens_per_step / settings.seq_len) / step_ms * 1000
-                       if step_ms else None},
-        "flops": {"convention": "6*N_matmul + 12*L*d*T per token (fwd+bwd), no causal discount",
-                  "per_step": per_step,
-                  "per_token": flops.model_flops_per_token(cfg, settings.seq_len),
-                  "attention_kernel": flops.attention_kernel_flops(cfg, settings.batch_size, settings.seq_len),
-                  "achieved_tflops": achieved},
-        "mfu": {"value": achieved / peak_total if achieved and peak_total else None,
-                "peak_tflops": peak["tflops"], "peak_source": peak["source"],
-                # Against a measured ceiling (--measure-peak), the datasheet MFU stays beside it.
-                **(_datasheet_mfu(desc, precision, achieved, ctx.world_size) if measured_peak else {})},
-        "memory": memory,
-        # A failing guard stops the run (exit 5); one that never looked (0 gradients
-        # checked) has not passed: passed is null then, never true.
-        "gradient_guard": {"passed": True if checked_params else None,
-                           "checked_params": checked_params},
-        "warnings": warnings,
-        # Step times spread over results.NOISY_SPREAD: the machine was busy with other work.
-        "noisy": {"value": results.is_noisy({"timing_ms": timing}),
-                  "p90_over_p10": spread, "threshold": results.NOISY_SPREAD},
-        **({"distributed": ctx.extra} if ctx.extra else {}),
-    }
-
-
-def _datasheet_mfu(desc: dict, precision: str, achieved, world_size: int) -> dict:
-    sheet = flops.peak_for(desc["name"], desc["arch"], precision)
-    total = sheet["tflops"] * world_size if sheet["tflops"] else None
-    return {"datasheet_value": achieved / total if achieved and total else None,
-            "datasheet_peak_tflops": sheet["tflops"]}
-
-
 def summary_line(r: dict) -> str:
-    t = r["timing_ms"]
-    mfu = f"{r['mfu']['value'] * 100:.1f}%" if r["mfu"]["value"] is not None else "n/a"
-    mem = results.peak_memory_mb(r) or 0
-    return (f"{r['version']}: {r['throughput']['tokens_per_s']:,.0f} tok/s | step "
-            f"{t['step']['median']:.2f} ms (fwd {t['forward']['median']:.2f} / bwd "
-            f"{t['backward']['median']:.2f} / opt {t['optimizer']['median']:.2f}) | MFU {mfu} | "
-            f"peak mem {mem:,.0f} MB | final loss {r['losses'][-1]:.4f}"
-            + (f" | noisy: steps spread {results.step_spread(r):.1f}x (p90/p10; the machine was "
+    m = results.numbers(r)
+    mfu = f"{m['mfu'] * 100:.1f}%" if m["mfu"] is not None else "n/a"
+    return (f"{r['version']}: {m['tokens_per_s']:,.0f} tok/s | step "
+            f"{m['step_ms']:.2f} ms (fwd {m['forward_ms']:.2f} / bwd "
+            f"{m['backward_ms']:.2f} / opt {m['optimizer_ms']:.2f}) | MFU {mfu} | "
+            f"peak mem {m['peak_memory_mb'] or 0:,.0f} MB | final loss {m['final_loss']:.4f}"
+            + (f" | noisy: steps spread {m['p90_over_p10']:.1f}x (p90/p10; the machine was "
                f"busy, the median is not one to quote)" if results.is_noisy(r) else ""))

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402  (puts the repository on sys.path)
 
 from harness import ModelConfig, flops  # noqa: E402
-from harness.results import load  # noqa: E402
+from harness.results import load, numbers  # noqa: E402
 
 STAGES = {  # number: (module, planted mistake, the check that exposes it)
     1: ("stage1_bad_init", "weights drawn from N(0, 1), not N(0, 0.02)",
@@ -91,11 +91,11 @@ class StageRunner:
 
 
 def tokens_per_s(r: dict) -> float:
-    return r["throughput"]["tokens_per_s"]
+    return numbers(r)["tokens_per_s"]
 
 
 def median(r: dict, phase: str) -> float:
-    return r["timing_ms"][phase]["median"]
+    return numbers(r)[f"{phase}_ms"]
 
 
 # ------------------------------------------------------------------ one check per stage
