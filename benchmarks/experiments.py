@@ -8,15 +8,25 @@ timed-run flags reproduce gives every row, plus its own flags.
 
     python -m benchmarks.experiments list          # every row: step/name, block, command
     python -m benchmarks.experiments rows fusion   # one step's rows, tab-separated, for reproduce.sh
+    python -m benchmarks.experiments manifest OUT  # the rows' blocks and labels, as JSON
+    python -m benchmarks.experiments compare-row REPORT VERSION MODE OUT
+    python -m benchmarks.experiments step-rows SOURCE STEP OUT
+
+The manifest travels with the measurements (reproduce writes it into its work folder), so
+publishing reads which block shows which row from JSON, like every number it publishes.
+compare-row copies a comparison's own run into a row's JSON (a row that would repeat it);
+step-rows writes one step's finished rows, one record each, for regress.
 """
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.config import VERSIONS  # noqa: E402
+from harness.results import records_in, write_atomic, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,43 @@ def block_rows(block: str) -> list[tuple[str, str]]:
     return [(r.label, r.key) for r in ROWS if r.block == block]
 
 
+def manifest() -> dict:
+    """What publishing needs of the rows: for each, its block, label and 1-GPU baseline."""
+    return {"rows": [{"key": r.key, "block": r.block, "label": r.label,
+                      "baseline": f"{r.step}/{r.baseline}" if r.baseline else ""} for r in ROWS]}
+
+
+def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
+    """A comparison's own run of (version, mode) as one row's JSON: the rows that would
+    repeat a comparison's run (a step's baseline) are copied from it, not run again."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        data = {}
+    runs = [r for r in data.get("runs", []) if (r["version"], r["mode"]) == (version, mode)
+            and r.get("exit_code") == 0 and r.get("result")]
+    if not runs:
+        print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
+        return 1
+    median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
+    write_atomic(out, median["result"])
+    return 0
+
+
+def step_rows(source: Path, step: str, out: Path) -> int:
+    """The finished rows of one reproduce step, one results JSON each, into `out`: from a
+    published set's rows.json or from reproduce's work folder. What regress compares."""
+    found = {key: data for key, data in records_in(source).items()
+             if key.startswith(f"{step}/") and "schema_version" in data}
+    if not found:
+        print(f"no finished {step} rows in {source}", file=sys.stderr)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    for key, data in found.items():
+        write_json(out / f"{key.split('/', 1)[1]}.json", data, indent=None)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["list"]:
         for r in ROWS:
@@ -187,7 +234,15 @@ def main(argv: list[str]) -> int:
                              " ".join(map(str, r.answers)) or "-", " ".join(r.env) or "-",
                              str(r.gpus), *r.flags]))
         return 0
-    print("usage: python -m benchmarks.experiments list | rows STEP [--quick]", file=sys.stderr)
+    if argv[:1] == ["manifest"] and len(argv) == 2:
+        write_json(argv[1], manifest())
+        return 0
+    if argv[:1] == ["compare-row"] and len(argv) == 5:
+        return compare_row(Path(argv[1]), argv[2], argv[3], Path(argv[4]))
+    if argv[:1] == ["step-rows"] and len(argv) == 4:
+        return step_rows(Path(argv[1]), argv[2], Path(argv[3]))
+    print("usage: python -m benchmarks.experiments list | rows STEP [--quick] | manifest OUT | "
+          "compare-row REPORT VERSION MODE OUT | step-rows SOURCE STEP OUT", file=sys.stderr)
     return 2
 
 

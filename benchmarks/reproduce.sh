@@ -16,16 +16,13 @@
 # baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
 # time (--list) comes from runs on an H200; where one command may run only so long, run the
 # steps a few at a time, each command continuing where the last stopped. The README table
-# needs `env compare-medium publish`.
-# The last two steps assemble the published set and check it:
-#   publish   results/published/<gpu>/ (summary.json, the per-step JSONs, plots, RESULTS.md)
-#             and results/published/<gpu>.tgz, the same files in one archive
-#   regress   python -m analysis_tools regress: the throughput of every published comparison row
-#             and scaling row against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
-# Then `cp -r results/published/<gpu> docs/published/ && python tools/publish.py` publishes it;
-# after re-running only some steps (on a fresh machine), `python tools/publish.py update
-# results/reproduce/<gpu> docs/published/<gpu> && python tools/publish.py` republishes those
-# steps in the published set and keeps the rest (RESULTS.md lists what was re-measured when).
+# needs `env compare-medium`.
+# This script measures and writes JSON; it never publishes. Its last step checks:
+#   regress   python -m analysis_tools regress: the throughput of every comparison row and
+#             scaling row against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
+# Then one command publishes: `python tools/publish.py results/reproduce/<gpu>` writes
+# docs/published/<gpu>/ (the whole set for a GPU model without one; else only the steps re-run
+# here, keeping the rest, and RESULTS.md lists what was re-measured when) and fills the docs.
 #
 # Environment: PYTHON (.venv/bin/python if it exists, else python3), GPU (the set's name;
 # default from the device, e.g. h200 or mi300x), RESULTS (results), STEPS (30 timed-run steps),
@@ -57,7 +54,7 @@ if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
-ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large scaling publish regress)
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large scaling regress)
 describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
@@ -74,7 +71,6 @@ describe_step() {
         scaling)        echo "~26 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers, V4 x2 profiled (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
-        publish)        echo "~0.1 min  results/published/<gpu>/ and <gpu>.tgz: summary.json, plots, RESULTS.md" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac
 }
@@ -100,7 +96,7 @@ if [ $QUICK = 1 ]; then
     # The pipeline on a CPU: tiny preset, 4 steps, two comparison rows and one lever row.
     DEVICE=cpu; MEDIUM=tiny; SMALL=tiny; LARGE=tiny; STEPS=${STEPS:-4}; WARMUP=1; REPEATS=1; NGPU=0
     GPU=${GPU:-cpu-quick}
-    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops publish regress)
+    [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=(env compare-medium levers flops regress)
 else
     DEVICE=cuda; MEDIUM=medium; SMALL=small; LARGE=large; STEPS=${STEPS:-30}; WARMUP=${WARMUP:-10}; REPEATS=${REPEATS:-1}
     NGPU=$($PY -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' \
@@ -109,17 +105,18 @@ else
         echo "error: reproduce needs a CUDA or ROCm GPU (--quick runs the pipeline on a CPU)" >&2
         exit 2
     fi
-    GPU=${GPU:-$($PY -c 'from tools.publish import gpu_slug; print(gpu_slug())')}
+    GPU=${GPU:-$($PY -c 'from harness.device import gpu_slug; print(gpu_slug())')}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
 fi
 RESULTS=${RESULTS:-results}
 W="$RESULTS/reproduce/$GPU"      # every row's JSON and log
-PUB="$RESULTS/published/$GPU"    # the assembled set
 BASELINE=${BASELINE:-docs/published/$GPU}
 mkdir -p "$W"
 LOG="$W/reproduce.log"
 start=$SECONDS
 failed=0
+# Which docs block shows which row travels with the measurements: publishing reads it here.
+$PY -m benchmarks.experiments manifest "$W/experiments.json" || failed=1
 # Each training row runs in the background and is waited for: when reproduce itself is stopped
 # (TERM from a time limit, Ctrl-C) it stops that run too - timeout passes the signal on, torchrun
 # to its workers - instead of leaving it on the GPUs beside whatever runs next.
@@ -166,7 +163,7 @@ from_compare() {
     local dir=$1 name=$2 version=$3 mode=$4; shift 4
     local out="$W/$dir/$name.json" report="$W/compare_medium.json"
     if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
-    if finished "$report" && $PY tools/publish.py compare-row "$report" "$version" "$mode" "$out" 2>/dev/null; then
+    if finished "$report" && $PY -m benchmarks.experiments compare-row "$report" "$version" "$mode" "$out" 2>/dev/null; then
         say "   $dir/$name: the medium comparison's $version $mode run"
     else
         train "$dir" "$name" "$@"
@@ -264,9 +261,9 @@ run_step() {
     debug)
         have "$W/debug/outcomes.json" && { say "   done before, skipped"; return; }
         mkdir -p "$W/debug"
-        timeout 540 $PY exercises/performance_debugging/run_all_stages.py --preset $MEDIUM --json \
-            --out-dir "$W/debug" > "$W/debug/stages.log" 2>&1 || failed=1
-        $PY tools/publish.py debug-json "$W/debug/stages.log" "$W/debug/outcomes.json" || failed=1
+        timeout 540 $PY exercises/performance_debugging/run_all_stages.py --preset $MEDIUM \
+            --outcomes "$W/debug/outcomes.json" --out-dir "$W/debug" > "$W/debug/stages.log" 2>&1 \
+            || failed=1
         grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
     memory)
         run_rows memory
@@ -302,14 +299,6 @@ run_step() {
                 --out "$F" > "$W/flops/$v.log" 2>&1 || failed=1
             grep -E "^(ran|skipped|failed):" "$W/flops/$v.log" | sed "s/^/   flops\/$v /" | tee -a "$LOG"
         done ;;
-    publish)
-        for preset in "${COMPARISONS[@]}"; do
-            if [ -f "$W/compare_$preset.json" ] && ! finished "$W/compare_$preset.json"; then
-                say "   compare_$preset.json is incomplete: run compare-$preset again before publishing it"
-                failed=1
-            fi
-        done
-        $PY tools/publish.py collect "$W" "$PUB" || failed=1 ;;
     regress)
         if [ ! -f "$BASELINE/summary.json" ]; then
             say "   no published set in $BASELINE: nothing to regress against (publish this one first)"
@@ -317,19 +306,23 @@ run_step() {
         fi
         local pairs=()
         for preset in "${COMPARISONS[@]}"; do
-            [ -f "$BASELINE/compare_$preset.json" ] && [ -f "$PUB/compare_$preset.json" ] \
+            [ -f "$BASELINE/compare_$preset.json" ] && [ -f "$W/compare_$preset.json" ] \
                 && pairs+=("$preset")
+            if [ -f "$W/compare_$preset.json" ] && ! finished "$W/compare_$preset.json"; then
+                say "   compare_$preset.json is incomplete: run compare-$preset again before publishing it"
+                failed=1
+            fi
         done
         for preset in "${pairs[@]}"; do
             say "   regress compare_$preset (throughput: fail on a drop of more than 5%)"
             $PY -m analysis_tools regress --baseline "$BASELINE/compare_$preset.json" \
-                --tolerance throughput=0.05 "$PUB/compare_$preset.json" | tee -a "$LOG" \
+                --tolerance throughput=0.05 "$W/compare_$preset.json" | tee -a "$LOG" \
                 || failed=1   # pipefail: the status is regress's
         done
         # The scaling rows (each 1-GPU and multi-GPU run), where both sets have them
         local R="$W/.regress"; rm -rf "$R"
-        if $PY tools/publish.py step-rows "$BASELINE/rows.json" scaling "$R/baseline" 2>/dev/null \
-                && $PY tools/publish.py step-rows "$W" scaling "$R/new" 2>/dev/null; then
+        if $PY -m benchmarks.experiments step-rows "$BASELINE/rows.json" scaling "$R/baseline" 2>/dev/null \
+                && $PY -m benchmarks.experiments step-rows "$W" scaling "$R/new" 2>/dev/null; then
             say "   regress scaling rows (throughput: fail on a drop of more than 5%)"
             $PY -m analysis_tools regress --baseline "$R/baseline" --tolerance throughput=0.05 "$R/new" \
                 | tee -a "$LOG" || failed=1

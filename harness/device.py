@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import time
 
 import torch
@@ -44,6 +45,21 @@ def supports_bf16(device: torch.device) -> bool:
         arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "")
         return not arch.startswith("gfx906")
     return torch.cuda.is_bf16_supported()
+
+
+def gpu_slug(name: str | None = None) -> str:
+    """The short name of a GPU model, for folders of its results: 'NVIDIA H200' -> 'h200',
+    'AMD Instinct MI300X' -> 'mi300x'; no GPU -> 'cpu'."""
+    if name is None:
+        if not torch.cuda.is_available():
+            return "cpu"
+        name = torch.cuda.get_device_name(0)
+    words = [w for w in re.split(r"[\s_]+", name.lower())
+             if w not in ("nvidia", "amd", "instinct", "radeon", "geforce", "tesla", "pro")]
+    for w in words:
+        if re.search(r"\d", w) and re.match(r"^[a-z0-9-]+$", w):
+            return w
+    return re.sub(r"[^a-z0-9]+", "-", " ".join(words)).strip("-") or "gpu"
 
 
 def device_name(device: torch.device) -> str:

@@ -283,6 +283,27 @@ def load(path: str | os.PathLike) -> dict:
     return result
 
 
+def records_in(source: str | os.PathLike) -> dict[str, dict]:
+    """Rows of `bash benchmarks/reproduce.sh` by 'step/name': from its work folder (one JSON
+    per row: a record, or a failed run's {exit_code, error}) or from a published set's
+    rows.json (the same, in one file). Files that are neither are left out."""
+    source = Path(source)
+    if source.is_file():
+        rows = json.loads(source.read_text())
+        return {key: data for key, data in rows.items() if isinstance(data, dict)}
+    rows = {}
+    for path in sorted(source.glob("*/*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
+            rows[f"{path.parent.name}/{path.stem}"] = data
+    return rows
+
+
 # ---------------------------------------------------------------- a plain-text table of runs
 def _fmt(value, spec: str, missing: str = "n/a") -> str:
     return missing if value is None else format(value, spec)

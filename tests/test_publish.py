@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO))
+from benchmarks import experiments  # noqa: E402
 from tools import publish  # noqa: E402
 from tools import published_blocks as blocks  # noqa: E402
 from tools.published_format import PLACEHOLDER  # noqa: E402
@@ -49,10 +49,12 @@ def test_every_row_is_named_once_in_the_manifest():
     from benchmarks.experiments import ROWS
     from harness.config import load_spec
     from training import cli
-    published = json.loads((REPO / "docs/published/h200/summary.json").read_text())["rows"]
+    summary = json.loads((REPO / "docs/published/h200/summary.json").read_text())
     # the scaling step runs on a machine with 2 or more GPUs; a set made on one has none of it
-    assert {r.key for r in ROWS if r.step != "scaling"} <= set(published)
+    assert {r.key for r in ROWS if r.step != "scaling"} <= set(summary["rows"])
     assert {r.block for r in ROWS} <= set(blocks.BLOCKS)
+    # publishing reads which block shows a row from the manifest the measurements carry
+    assert {r["block"] for r in summary["experiments"]["rows"]} <= set(blocks.BLOCKS)
     script = (REPO / "benchmarks/reproduce.sh").read_text()
     assert not re.search(r"^\s*(train|from_compare) (memory|levers|fusion|blocks|sdpa) ", script, re.M)
     for r in ROWS:
@@ -110,7 +112,8 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
             "scaling/v4_best_ddp2_normal_priority": scaling_result(template, 2, 740_000.0,
                                                                    comm_priority="normal"),
             "scaling/v4_compile_fsdp2": {"exit_code": 1, "error": "error: out of patience"}}
-    summary = {"rows": {key: publish.compact(r) for key, r in made.items()}}
+    summary = {"rows": {key: publish.compact(r) for key, r in made.items()},
+               "experiments": experiments.manifest()}
     text = blocks.render("scaling", summary)
     assert "| V4 graphs + master weights, DDP x2 | 2 | 760,000 | 380,000 | 95.0% |" in text
     assert "`--comm-priority normal` | 2 | 740,000 | 370,000 | 92.5% |" in text
@@ -119,12 +122,12 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
     assert {r.baseline for r in ROWS if r.step == "scaling" and r.gpus > 1} == {
         r.name for r in ROWS if r.step == "scaling" and r.gpus == 1}
     (tmp_path / "rows.json").write_text(json.dumps(made))
-    assert publish.step_rows(tmp_path / "rows.json", "scaling", tmp_path / "out") == 0
+    assert experiments.step_rows(tmp_path / "rows.json", "scaling", tmp_path / "out") == 0
     runs = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("*.json"))]
     assert len(runs) == 3  # the failed row is no run to compare
     table, notes = check(runs, runs)
     assert (table["metric"] == "throughput").sum() == 3 and (table["status"] == "ok").all(), notes
-    assert publish.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
+    assert experiments.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
 
 
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
@@ -146,7 +149,7 @@ def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
     rows = {key: publish.compact(data) for key, data in publish._rows(tmp_path / "work")}
     assert [o["rank"] for o in rows["scaling/v4_compile_ddp2_profiled"]["overlap"]] == [0, 1]
     assert "overlap" not in rows["scaling/v4_best_ddp2_profiled"]
-    text = blocks.render("scaling-overlap", {"rows": rows})
+    text = blocks.render("scaling-overlap", {"rows": rows, "experiments": experiments.manifest()})
     assert "| V4 compiled, DDP x2 | 1 | 2.00 | 1.50 (75.0%) | 0.50 | 30.00 |" in text
     assert "| V4 graphs + master weights, DDP x2 | - | no trace read |" in text
     assert "by `bash benchmarks/reproduce.sh scaling`" in text
@@ -181,9 +184,10 @@ def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkey
 
 
 def test_gpu_slug():
-    assert publish.gpu_slug("NVIDIA H200") == "h200"
-    assert publish.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert publish.gpu_slug("AMD Instinct MI300X") == "mi300x"
+    from harness.device import gpu_slug
+    assert gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_slug("AMD Instinct MI300X") == "mi300x"
 
 
 @pytest.mark.slow  # ~3 min on a 2-core CPU; its parts (the manifest, compare-row, collect) run in make test
@@ -192,39 +196,66 @@ def test_reproduce_quick_makes_a_published_set(tmp_path):
     proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = tmp_path / "published" / "cpu-quick"
-    summary = json.loads((out / "summary.json").read_text())
+    work = tmp_path / "reproduce" / "cpu-quick"
+    assert not (tmp_path / "published").exists()  # reproduce measures; it never publishes
+    out = tmp_path / "docs" / "cpu-quick"
+    summary = publish.publish_work(work, published=tmp_path / "docs")
     assert summary["schema"] == publish.SCHEMA and summary["git_commit"]
+    assert summary["experiments"] == experiments.manifest()
     assert {r["version"] for r in summary["compare"]["medium"]["rows"]} == {"v1", "v4"}
     assert summary["rows"]["levers/prec_fp32"]["ok"]
+    assert "| fp32 |" in blocks.render("levers", summary)  # its block, from the manifest
     assert ("v1", "flopcounter", "step") in {(r["version"], r["tool"], r["scope"])
                                             for r in summary["flop_counters"]}
     assert len(list(out.iterdir())) <= 25
-    with tarfile.open(tmp_path / "published" / "cpu-quick.tgz") as tar:
-        assert "cpu-quick/summary.json" in tar.getnames()
     # Every number in a block is the data's: the V1 row of the README table.
     v1 = next(r for r in summary["compare"]["medium"]["rows"] if r["version"] == "v1")
     assert f"{v1['tokens_per_s']:,.0f}" in blocks.render("readme-table", summary)
     assert "`" + summary["git_commit"] + "`" in (out / "RESULTS.md").read_text()
     # A second run skips every row; regress against the set itself passes. A row that would
     # repeat a run of the comparison (the SDPA step's default backend) is copied from it.
-    baseline = tmp_path / "baseline"
-    shutil.copytree(out, baseline)
     again = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "compare-medium", "sdpa",
-                            "compare-large", "publish", "regress"], cwd=REPO,
-                           env={**env, "BASELINE": str(baseline)},
+                            "compare-large", "regress"], cwd=REPO,
+                           env={**env, "BASELINE": str(out)},
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "done before, skipped" in again.stdout and "no regression beyond tolerance" in again.stdout
     assert "sdpa/backend_auto: the medium comparison's v4 eager run" in again.stdout
-    work = tmp_path / "reproduce" / "cpu-quick"
     run = next(r for r in json.loads((work / "compare_medium.json").read_text())["runs"]
                if (r["version"], r["mode"]) == ("v4", "eager"))
     assert json.loads((work / "sdpa" / "backend_auto.json").read_text()) == run["result"]
-    # The large comparison is published beside the others (--quick: V1 and V4 on the tiny preset).
-    summary = json.loads((out / "summary.json").read_text())
+    # Publishing again replaces what was re-measured (the large comparison joins the others).
+    summary = publish.publish_work(work, published=tmp_path / "docs")
     assert {r["version"] for r in summary["compare"]["large"]["rows"]} == {"v1", "v4"}
     assert "compare_large.json" in summary["files"]
+
+
+def test_measuring_never_publishes_and_publishing_imports_no_measurement():
+    """reproduce.sh writes JSON and calls nothing in tools/; tools/ imports nothing from
+    benchmarks/: which block shows which row reaches publishing as JSON (experiments.json)."""
+    script = (REPO / "benchmarks/reproduce.sh").read_text()
+    assert not re.findall(r"^[^#]*tools/", script, re.M)
+    for path in (REPO / "tools").glob("*.py"):
+        imports = re.findall(r"^\s*(?:from|import) (benchmarks)\b", path.read_text(), re.M)
+        assert not imports, f"{path.name} imports from benchmarks/"
+
+
+def test_one_command_publishes_a_work_folder(tmp_path, monkeypatch):
+    """python tools/publish.py results/reproduce/<gpu>: a GPU model without a set gets a new one;
+    with one, only what was re-measured is replaced; a missing folder is one line, exit 1."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)
+    monkeypatch.setattr(publish, "publish", lambda check, gpu=None: 0)  # leave the docs alone
+    work, docs = tmp_path / "reproduce" / "h200", tmp_path / "published"
+    work.mkdir(parents=True)
+    shutil.copy(REPO / "docs/published/h200/compare_small.json", work)
+    experiments.main(["manifest", str(work / "experiments.json")])
+    first = publish.publish_work(work, published=docs)
+    assert set(first["compare"]) == {"small"} and first["experiments"] == experiments.manifest()
+    shutil.copy(REPO / "docs/published/h200/kernels.json", work)
+    second = publish.publish_work(work, published=docs)
+    assert second["kernels"] and [u["part"] for u in second["updated"]] == ["compare_small", "kernels"]
+    with pytest.raises(SystemExit, match="is not a folder of reproduce's results"):
+        publish.main([str(tmp_path / "nowhere")])
 
 
 @pytest.mark.slow  # a training row started and stopped: ~15 s
@@ -258,7 +289,7 @@ def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
     report = tmp_path / "compare.json"
     report.write_text(json.dumps({"runs": [{"version": "v1", "mode": "eager", "exit_code": 3,
                                             "tokens_per_s": 0, "result": None}]}))
-    assert publish.main(["compare-row", str(report), "v1", "eager", str(tmp_path / "r.json")]) == 1
+    assert experiments.main(["compare-row", str(report), "v1", "eager", str(tmp_path / "r.json")]) == 1
     assert not (tmp_path / "r.json").exists()
 
 

@@ -1,13 +1,15 @@
 """Publish measured results: one data set per GPU model, and the docs generated from it.
 
+    python tools/publish.py results/reproduce/<gpu>   # publish what reproduce measured, then
+                                                      # fill every published block
     python tools/publish.py                 # fill every published block from docs/published/
     python tools/publish.py --check         # exit 1 if a block or a RESULTS.md is out of date
-    python tools/publish.py collect WORK OUT   # (benchmarks/reproduce.sh's publish step)
-    python tools/publish.py compare-row REPORT VERSION MODE OUT   # (reproduce: a comparison's run as a row)
-    python tools/publish.py update WORK SET    # republish only the steps re-run into WORK
 
-A published set, `docs/published/<gpu>/` (copied from `results/published/<gpu>/`, which
-`bash benchmarks/reproduce.sh` writes), holds:
+`bash benchmarks/reproduce.sh` measures: it writes results/reproduce/<gpu>/ and nothing
+else. This script publishes: it reads that folder and writes docs/published/<gpu>/ - the
+whole set where the GPU model has none yet, else only the steps re-run into the folder
+(their comparisons, the kernel tables, training rows), keeping the rest; summary.json's
+`updated` says what was re-measured when. A published set, `docs/published/<gpu>/`, holds:
 
     summary.json          every number the docs quote (schema "published/1"; read by this script)
     compare_medium.json   benchmarks/compare_versions.py, medium preset (every run's full results)
@@ -38,13 +40,12 @@ import json
 import re
 import shutil
 import sys
-import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# Every JSON written whole (write_json, write_atomic); a record's peak memory read one way.
-from harness.results import numbers, peak_memory_mb, write_atomic, write_json  # noqa: E402
+# Every JSON written whole (write_json); a record's numbers read one way (numbers).
+from harness.results import numbers, records_in, write_json  # noqa: E402
 from tools.published_blocks import render  # noqa: E402
 PUBLISHED = REPO / "docs" / "published"
 PRIMARY_GPU = "h200"  # the set README.md, docs/RESULTS.md and the exercises quote
@@ -53,21 +54,6 @@ BLOCK = re.compile(r"(<!-- published:([a-z0-9-]+) -->\n)(.*?)(<!-- /published --
 MARKDOWN = ["README.md", "docs/*.md", "exercises/**/*.md", "version*/README.md",
             "version*/**/README.md"]
 # ---------------------------------------------------------------- naming the GPU
-def gpu_slug(name: str | None = None) -> str:
-    """'NVIDIA H200' -> 'h200', 'AMD Instinct MI300X' -> 'mi300x'; no GPU -> 'cpu'."""
-    if name is None:
-        import torch
-        if not torch.cuda.is_available():
-            return "cpu"
-        name = torch.cuda.get_device_name(0)
-    words = [w for w in re.split(r"[\s_]+", name.lower())
-             if w not in ("nvidia", "amd", "instinct", "radeon", "geforce", "tesla", "pro")]
-    for w in words:
-        if re.search(r"\d", w) and re.match(r"^[a-z0-9-]+$", w):
-            return w
-    return re.sub(r"[^a-z0-9]+", "-", " ".join(words)).strip("-") or "gpu"
-
-
 # ---------------------------------------------------------------- collect (reproduce's publish step)
 def _load(path: Path):
     try:
@@ -164,21 +150,6 @@ def flop_counter_rows(work: Path) -> list[dict]:
     return rows
 
 
-def debug_json(log: Path, out: Path) -> int:
-    """The outcomes list run_all_stages.py --json prints last, as a file of its own."""
-    text = log.read_text() if log.exists() else ""
-    start = text.rfind("\n[")
-    try:
-        outcomes = json.loads(text[start + 1:]) if start >= 0 else None
-    except ValueError:
-        outcomes = None
-    if outcomes is None:
-        print(f"error: no outcomes JSON at the end of {log}", file=sys.stderr)
-        return 1
-    write_json(out, outcomes, indent=1)
-    return 0
-
-
 def _comparisons(work: Path, out: Path):
     """reproduce's comparisons in `work`, each copied into `out` with its plots: (preset, report)."""
     for preset in ("medium", "small", "large"):
@@ -192,14 +163,10 @@ def _comparisons(work: Path, out: Path):
 def _rows(work: Path):
     """reproduce's training rows in `work` (a results JSON, or an exit code that is an
     answer): ('section/name', its JSON)."""
-    for path in sorted(work.glob("*/*.json")):
-        if path.stem in ("memory_check", "outcomes", "ceilings") or path.name.startswith("."):
-            continue
-        data = _load(path)
-        if isinstance(data, dict) and ("schema_version" in data or "exit_code" in data):
-            # a profiled row: its traces' communication overlap, beside them (the scaling step)
-            overlap = _load(path.parent / f"{path.stem}_profile" / "overlap.json")
-            yield f"{path.parent.name}/{path.stem}", {**data, "overlap": overlap} if overlap else data
+    for key, data in records_in(work).items():
+        # a profiled row: its traces' communication overlap, beside them (the scaling step)
+        overlap = _load(work / f"{key}_profile" / "overlap.json")
+        yield key, {**data, "overlap": overlap} if overlap else data
 
 
 def collect(work: Path, out: Path) -> dict:
@@ -241,14 +208,13 @@ def collect(work: Path, out: Path) -> dict:
             shutil.copy(work / png, out)
     if (work / "environment.txt").exists():
         shutil.copy(work / "environment.txt", out)
+    summary["experiments"] = _load(work / "experiments.json") or {}  # which block shows a row
     summary["reproduce"] = "bash benchmarks/reproduce.sh"
     summary["published"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     summary["files"] = sorted(p.name for p in out.iterdir()) + ["summary.json", "RESULTS.md"]
     write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
-    with tarfile.open(out.with_suffix(".tgz"), "w:gz") as tar:
-        tar.add(out, arcname=out.name)
-    print(f"published set: {out}/ ({len(list(out.iterdir()))} files) and {out.with_suffix('.tgz')}")
+    print(f"published set: {out}/ ({len(list(out.iterdir()))} files)")
     return summary
 
 
@@ -275,6 +241,7 @@ def update(work: Path, out: Path) -> dict:
         raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json, "
                          f"host_overhead.json or row)")
     write_json(out / "rows.json", rows, indent=None)
+    summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
     summary["updated"] = kept + [{"part": part, "created": data.get("created"),
                                   "git_commit": data.get("git_commit")} for part, data in parts.items()]
@@ -353,57 +320,29 @@ def publish(check: bool, gpu: str = PRIMARY_GPU) -> int:
     return 0
 
 
-def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
-    """A comparison's own run of (version, mode) as one row's JSON: the rows that would
-    repeat a comparison's run (a step's baseline) are copied from it, not run again."""
-    data = _load(report) or {}
-    runs = [r for r in data.get("runs", []) if (r["version"], r["mode"]) == (version, mode)
-            and r.get("exit_code") == 0 and r.get("result")]
-    if not runs:
-        print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
-        return 1
-    median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
-    write_atomic(out, median["result"])
-    return 0
-
-
-def step_rows(source: Path, step: str, out: Path) -> int:
-    """The finished rows of one reproduce step, one results JSON each, into `out`: from a
-    published set's rows.json or from reproduce's work folder. What regress compares."""
-    if source.is_dir():
-        rows = dict(_rows(source))
-    else:
-        rows = _load(source) or {}
-    found = {key: data for key, data in rows.items()
-             if key.startswith(f"{step}/") and "schema_version" in data}
-    if not found:
-        print(f"no finished {step} rows in {source}", file=sys.stderr)
-        return 1
-    out.mkdir(parents=True, exist_ok=True)
-    for key, data in found.items():
-        write_json(out / f"{key.split('/', 1)[1]}.json", data, indent=None)
-    return 0
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["step-rows"] and len(argv) == 4:
-        return step_rows(Path(argv[1]), argv[2], Path(argv[3]))
-    if argv[:1] == ["compare-row"] and len(argv) == 5:
-        return compare_row(Path(argv[1]), argv[2], argv[3], Path(argv[4]))
-    if argv[:1] == ["collect"] and len(argv) == 3:
-        collect(Path(argv[1]), Path(argv[2]))
-        return 0
-    if argv[:1] == ["debug-json"] and len(argv) == 3:
-        return debug_json(Path(argv[1]), Path(argv[2]))
-    if argv[:1] == ["update"] and len(argv) == 3:
-        update(Path(argv[1]), Path(argv[2]))
-        return 0
     p = argparse.ArgumentParser(prog="tools/publish.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("work", nargs="?", help="reproduce's folder, results/reproduce/<gpu>: publish it "
+                   "into docs/published/<gpu>/ first")
     p.add_argument("--check", action="store_true", help="exit 1 if any generated text is out of date")
     p.add_argument("--gpu", default=PRIMARY_GPU, help=f"published set to quote (default {PRIMARY_GPU})")
     args = p.parse_args(argv)
+    if args.work:
+        if args.check:
+            p.error("--check reads the docs as they are: give no folder with it")
+        publish_work(Path(args.work))
     return publish(args.check, args.gpu)
+
+
+def publish_work(work: Path, published: Path = PUBLISHED) -> dict:
+    """reproduce's folder for one GPU model into that model's published set: the whole set
+    where there is none, else only what was re-measured."""
+    if not work.is_dir():
+        raise SystemExit(f"error: {work} is not a folder of reproduce's results "
+                         f"(bash benchmarks/reproduce.sh writes results/reproduce/<gpu>/)")
+    out = published / work.resolve().name
+    return update(work, out) if (out / "summary.json").exists() else collect(work, out)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.experiments import block_rows, scaled_rows  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
+
+
+def block_rows(s: dict, block: str) -> list[tuple[str, str]]:
+    """(label, 'step/name') of the rows a docs block shows, in order: from the set's manifest
+    (benchmarks/experiments.py writes it beside the measurements)."""
+    return [(r["label"], r["key"]) for r in s.get("experiments", {}).get("rows", [])
+            if r["block"] == block]
+
+
+def scaled_rows(s: dict, block: str) -> list[tuple[str, str, str]]:
+    """(label, 'step/name', its 1-GPU row's 'step/name' or '') of a scaling block's rows."""
+    return [(r["label"], r["key"], r.get("baseline", "")) for r in s.get("experiments", {}).get("rows", [])
+            if r["block"] == block]
 
 
 def measured(s: dict, part: str) -> str | None:
@@ -68,7 +80,7 @@ def scaling_table(s: dict, block: str) -> str:
     (N x tokens/s of one GPU at the same batch per GPU). Rows this machine could not run
     (too few GPUs) are left out."""
     out, caption = [], ""
-    for label, key, base_key in scaled_rows(block):
+    for label, key, base_key in scaled_rows(s, block):
         r = s["rows"].get(key)
         if r is None:
             continue
@@ -93,7 +105,7 @@ def overlap_table(s: dict, block: str) -> str:
     """Per rank of each profiled data-parallel row: the NCCL/RCCL kernel time of a step, the
     part of it that ran beside compute kernels and the part the step paid alone (exposed)."""
     out, caption = [], ""
-    for label, key in block_rows(block):
+    for label, key in block_rows(s, block):
         r = s["rows"].get(key)
         if r is None:
             continue
@@ -300,21 +312,21 @@ BLOCKS = {
     "v1-profile": lambda s: profile_block(s, "v1"),
     "v3-profile": lambda s: profile_block(s, "v3"),
     "v4-profile": lambda s: profile_block(s, "v4"),
-    "memory-vs-shape": lambda s: row_table(s, block_rows("memory-vs-shape"), cols=("tok/s", "step ms", "peak MB")),
-    "attention-memory": lambda s: row_table(s, block_rows("attention-memory"), cols=("tok/s", "step ms", "peak MB")),
+    "memory-vs-shape": lambda s: row_table(s, block_rows(s, "memory-vs-shape"), cols=("tok/s", "step ms", "peak MB")),
+    "attention-memory": lambda s: row_table(s, block_rows(s, "attention-memory"), cols=("tok/s", "step ms", "peak MB")),
     "memory-check": memory_check_block,
-    "levers": lambda s: row_table(s, block_rows("levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
-    "fusion-ablations": lambda s: row_table(s, block_rows("fusion-ablations")),
-    "gate-up": lambda s: row_table(s, block_rows("gate-up")),
-    "v3-fusions": lambda s: row_table(s, block_rows("v3-fusions")),
+    "levers": lambda s: row_table(s, block_rows(s, "levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
+    "fusion-ablations": lambda s: row_table(s, block_rows(s, "fusion-ablations")),
+    "gate-up": lambda s: row_table(s, block_rows(s, "gate-up")),
+    "v3-fusions": lambda s: row_table(s, block_rows(s, "v3-fusions")),
     "v2-compile": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v2", "eager"), ("v2", "compile")}),
     "v3-v4": lambda s: compare_table(s, "medium", modes={("v1", "eager"), ("v3", "eager"), ("v3", "compile"),
                                                          ("v4", "eager"), ("v4", "compile")}),
     "v4-modes": lambda s: compare_table(s, "medium", modes={("v4", m) for m in MODE_NAMES} | {("hf", "compile")}),
     "kernels": kernels_table,
     "host-overhead": host_overhead_table,
-    "block-sizes": lambda s: row_table(s, block_rows("block-sizes"), cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
-    "sdpa-backends": lambda s: row_table(s, block_rows("sdpa-backends"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
+    "block-sizes": lambda s: row_table(s, block_rows(s, "block-sizes"), cols=("tok/s", "step ms", "fwd / bwd / opt ms")),
+    "sdpa-backends": lambda s: row_table(s, block_rows(s, "sdpa-backends"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "SDPA kernel")),
     "sdpa-sweep": sdpa_sweep_block,
     "graphs-small": graphs_block,
     "debug-stages": debug_block,

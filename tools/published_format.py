@@ -5,8 +5,7 @@ from __future__ import annotations
 
 
 PLACEHOLDER = ("*Not yet measured on this GPU model: run `bash benchmarks/reproduce.sh` on it, "
-               "copy `results/published/<gpu>` into `docs/published/`, then run "
-               "`python tools/publish.py`.*")
+               "then `python tools/publish.py results/reproduce/<gpu>`.*")
 MODE_NAMES = {"eager": "eager", "compile": "compiled", "reduce-overhead": "compiled + graphs",
               "reduce-overhead-master": "compiled + graphs + master weights",
               "compile-master": "compiled + master weights", "max-autotune": "compiled, max-autotune"}

@@ -227,7 +227,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "bash benchmarks/reproduce.sh --list            # the steps, what each writes, how long",
             "bash benchmarks/reproduce.sh                   # all of them (or: make results)",
             "bash benchmarks/reproduce.sh compare-medium    # one step; rows already measured are skipped",
-            "cp -r results/published/<gpu> docs/published/ && python tools/publish.py   # publish",
+            "python tools/publish.py results/reproduce/<gpu>   # publish: docs/published/<gpu>/, the docs",
             "```", "",
             "The run ends with `python -m analysis_tools regress` against the published set of the same "
             "GPU model: it fails when any comparison row's throughput dropped by more than 5%. "

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402  (puts the repository on sys.path)
 
 from harness import ModelConfig, flops  # noqa: E402
-from harness.results import load, numbers  # noqa: E402
+from harness.results import load, numbers, write_json  # noqa: E402
 
 STAGES = {  # number: (module, planted mistake, the check that exposes it)
     1: ("stage1_bad_init", "weights drawn from N(0, 1), not N(0, 0.02)",
@@ -223,6 +223,8 @@ def main(argv=None) -> int:
                    help="steps per run (default 12 on CPU, 30 on GPU; interpreter stages use 3)")
     p.add_argument("--out-dir", default=None, help="keep the results JSON here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="also print the outcomes as JSON")
+    p.add_argument("--outcomes", metavar="FILE", help="also write the outcomes as JSON to FILE "
+                   "(whole or not at all)")
     args = p.parse_args(argv)
 
     gpu = torch.cuda.is_available()
@@ -245,6 +247,8 @@ def main(argv=None) -> int:
                   f"  symptom: {outcome.symptom}\n  -> {mark}", flush=True)
     if args.json:
         print(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    if args.outcomes:
+        write_json(args.outcomes, [o.__dict__ for o in outcomes], indent=1)
     return 1 if any(o.tripped is False for o in outcomes) else 0
 
 
