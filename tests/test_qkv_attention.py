@@ -14,7 +14,7 @@ from conftest import aten_ops_of
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common  # noqa: E402
-from test_rope_in_attention import (SHAPES, assert_compiles_like_eager,  # noqa: E402
+from test_attention_rope import (SHAPES, assert_compiles_like_eager,  # noqa: E402
                                     assert_matches_fp64_and_the_separate_steps, counted_flops,
                                     forward_backward, max_error, qkv_inputs, reference, unfused)
 

@@ -65,7 +65,7 @@ SCRIPTS = {
         cpu="tests/test_qkv_attention.py::test_the_backward_ops_tool_shows_the_gather_and_its_absence",
         gpu=[PY, "version3_triton/backward_ops.py"]),
     "version3_triton/bench_kernels.py": dict(
-        cpu="tests/test_triton_kernels.py::test_bench_kernels_quick_runs_and_reports_host_overhead",
+        cpu="tests/test_bench_kernels.py::test_bench_kernels_quick_runs_and_reports_host_overhead",
         gpu=None),  # tests/test_gpu_parity.py::test_gpu_bench_kernels_names_the_bf16_sdpa_kernel
     "version3_triton/codegen.py": dict(cpu="tests/test_codegen.py::test_flagship_targets_never_spill_bf16_head_dim_64",
                                        gpu=None),  # compiles for GPUs on the CPU

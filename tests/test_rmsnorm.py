@@ -1,14 +1,13 @@
-"""Residual add + RMSNorm in one kernel each way (kernels.add_rms_norm), and V3's
-`--fused-residual-norm` model built on it: the same maths as a separate add and norm.
-
-The kernel pair against float64 PyTorch: h = x + delta, y = rms_norm(h) * w, and the
-gradients of x, delta and w, with and without a gradient arriving at h along the
-residual path; delta in another dtype than x (the bf16/fp16 branch output of an
-autocast GEMM added to the fp32 residual stream). Outputs start as NaN
-(test_triton_kernels' fixture), so an element a kernel forgets to write shows.
-The model with the switch on gives V1's logits and V1's gradient for every
-parameter, as the switch-off model does; through the command line the switch is
-accepted and recorded.
+"""RMSNorm (kernels/rmsnorm.py) against float64 PyTorch, forward and backward: the plain norm
+(rows not a multiple of the block, fp16 with an fp32 weight, the autocast dtype written
+directly, its launch rule) and the residual add in front of it (add_rms_norm): h = x + delta,
+y = rms_norm(h) * w and the gradients of x, delta and w, with and without a gradient
+arriving at h along the residual path, delta in another dtype than x (the bf16/fp16 branch
+output of an autocast GEMM added to the fp32 residual stream). Outputs start as NaN, so an
+element a kernel forgets to write shows. V3's `--fused-residual-norm` model gives V1's
+logits and V1's gradient for every parameter, as the switch-off model does; through the
+command line the switch is accepted and recorded. On a GPU: bf16/fp16 error at most ~2x
+PyTorch's own.
 """
 import json
 
@@ -16,12 +15,14 @@ import pytest
 import torch
 
 from conftest import HAS_GPU, load_version
-from test_triton_kernels import assert_matches
 from test_v3_model import (assert_within_2x, config, errors,  # noqa: F401
                            no_autotuning, results, scales, v1_and_v3)
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import rmsnorm  # noqa: E402
+from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+from kernel_checks import (  # noqa: E402
+    NORM_SHAPES, assert_matches, forward_backward, max_error, pytorch_error, rms_norm_reference,
+    triton_next_power_of_2)
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -182,3 +183,61 @@ def test_blocks_stay_modules_for_checkpointing_and_hooks(v3):
     scale = scales(want)
     for name, err in errors(got, want).items():
         assert err <= 1e-5 * scale[name], f"{name}: error {err:.3g} with checkpointing"
+
+
+# ---- the plain norm ------------------------------------------------------------------
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.float32, torch.float32),
+                                              (torch.float16, torch.float16),
+                                              (torch.float16, torch.float32)],
+                         ids=["fp32", "fp16", "fp16-fp32weight"])
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm_forward_and_backward_match_fp64(shape, x_dtype, w_dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*shape, generator=g).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(DEVICE)
+    grad = torch.randn(*shape, generator=g).to(DEVICE)
+
+    def kernel(x_, w_):
+        return tk.rms_norm(x_.to(x_dtype), w_.to(w_dtype))
+
+    got = forward_backward(kernel, [x, w], grad)
+    want = forward_backward(rms_norm_reference, [x, w], grad, torch.float64)
+    # The output has the dtype PyTorch's x * weight would have (version 1's rule).
+    assert got[0].dtype == torch.promote_types(x_dtype, w_dtype)
+    tol = 2e-5 if x_dtype == w_dtype == torch.float32 else 5e-3
+    assert_matches(got, want, tol, ["y", "dx", "dweight"])
+
+
+def test_rms_norm_can_write_the_autocast_dtype():
+    x, w = torch.randn(5, 48, device=DEVICE), torch.randn(48, device=DEVICE)
+    y = tk.rms_norm(x, w, 1e-5, torch.float16)
+    assert y.dtype == torch.float16
+    assert max_error(y, rms_norm_reference(x.double(), w.double())) <= 2e-3 * y.abs().max().item()
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
+    """The RMSNorm rule (no autotuning): a tile holds whole rows, ~8+ elements per
+    thread, 1..16 warps, for hidden sizes 1..64k; 1024 gets one row per forward program."""
+    nvidia = common.nvidia_target(90)
+    for n_cols in (1, 37, 64, 1000, 1024, 4096, 65536):
+        config = rmsnorm.rmsnorm_config(kernel, n_cols, nvidia)
+        tile = config["BLOCK_ROWS"] * triton_next_power_of_2(n_cols)
+        assert 1 <= config["num_warps"] <= 16 and config["BLOCK_ROWS"] >= 1
+        assert config["num_warps"] in (1, 16) or tile // (32 * config["num_warps"]) >= 8, config
+        assert tk.check_config(kernel, config, n_cols, 2)  # a legal forced config too
+        assert configs.candidates(configs.SPECS[kernel], nvidia, n_cols, 2) == [config]
+    assert rmsnorm.rmsnorm_config("rmsnorm_fwd", 1024, nvidia)["BLOCK_ROWS"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
+    x = torch.randn(1000, 1024, device=DEVICE)
+    w = 1 + 0.1 * torch.randn(1024, device=DEVICE)
+    grad = torch.randn_like(x)
+    reference = forward_backward(rms_norm_reference, [x, w], grad, torch.float64)
+    ours = pytorch_error(tk.rms_norm, [x, w], grad, dtype, reference)
+    theirs = pytorch_error(rms_norm_reference, [x, w], grad, dtype, reference)
+    for name, e_ours, e_theirs in zip(["y", "dx", "dweight"], ours, theirs):
+        assert e_ours <= 2 * e_theirs + 1e-6, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"

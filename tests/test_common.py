@@ -1,4 +1,5 @@
-"""V3's launch (kernels/common.py): the bound launch's key and the cost of an eager call.
+"""What V3's kernel families share (kernels/common.py): the launch, the operators torch.compile
+and FlopCounterMode see, repeatable results. The bound launch's key and the cost of an eager call:
 
 A bound launch calls the CompiledKernel an earlier call with the same key ran. A key that
 misses one of Triton's specialisations would run a kernel compiled for other arguments
@@ -7,6 +8,7 @@ entry (on a CPU, from the key itself), and on a GPU a misaligned view after an a
 one still matches the reference. Where the direct call is not available (the CPU
 interpreter, V3_JIT_LAUNCH=1) Triton's own launch runs, with the same results.
 """
+import contextlib
 import sys
 
 import pytest
@@ -16,6 +18,7 @@ from conftest import HAS_GPU, REPO
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+from kernel_checks import assert_matches, attention_inputs, forward_backward, rope_inputs  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 pytestmark = pytest.mark.usefixtures("poisoned_kernels")
@@ -161,3 +164,96 @@ def test_the_eager_path_stays_shallow(op):
     fwd = project_frames(forward)
     both = project_frames(lambda: forward().sum().backward())
     assert len(fwd) <= DEPTH[op][0] and len(both) <= DEPTH[op][1], (len(fwd), len(both), fwd, both)
+
+
+# ---- the operators: what torch.compile and FlopCounterMode see; repeatable results -------
+def test_ops_are_registered_and_counted_by_flop_counter():
+    """The operators carry SDPA's FLOP formula. torch.compile traces them; eager calls
+    of flash_attention use them only inside common.eager_operators() (elsewhere they
+    call the launchers directly, without the operators' host cost, unseen by the counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    (q, k, v), grad = attention_inputs(1, 4, 2, 16, 32)
+    ops = torch.ops.tinyllama_v3
+    forward = 4 * 1 * 4 * 16 * 16 * 32  # PyTorch's SDPA convention: 4*B*H*Tq*Tk*D
+    expected = {"tinyllama_v3.attention_forward": forward,
+                "tinyllama_v3.attention_backward": 2.5 * forward}
+
+    def counts(run, scope=contextlib.nullcontext()) -> dict:
+        with scope, FlopCounterMode(display=False) as counter:
+            run()
+        return {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
+
+    def operators():
+        o, lse = ops.attention_forward(q, k, v, 0.25)
+        ops.attention_backward(torch.ones_like(o), q, k, v, o, lse, 0.25)
+
+    def autograd():
+        forward_backward(tk.flash_attention, [q, k, v], grad)
+
+    assert counts(operators) == expected
+    assert counts(autograd, common.eager_operators()) == expected
+    assert counts(autograd) == {}  # eager: the launchers, unseen
+
+
+def test_torch_compile_traces_through_the_custom_ops():
+    """aot_eager: dynamo + fake tensors + AOT autograd, without generating C++ code."""
+    (q, k, v), grad = attention_inputs(1, 2, 1, 17, 16)
+    w = torch.randn(16, device=DEVICE)
+
+    def block(q, k, v, w):
+        return tk.flash_attention(tk.rms_norm(q, w), k, v)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    got = forward_backward(compiled, [q, k, v, w], grad)
+    want = forward_backward(block, [q, k, v, w], grad)
+    assert_matches(got, want, 1e-6, ["out", "dq", "dk", "dv", "dw"])
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_runs_are_bit_identical():
+    """No atomics, no races: the same inputs give the same bits, every time."""
+    inputs, grad = attention_inputs(4, 8, 2, 300, 64)
+    first = forward_backward(tk.flash_attention, inputs, grad, torch.bfloat16)
+    x, w = torch.randn(4096, 1024, device=DEVICE), torch.randn(1024, device=DEVICE)
+    norm_grad = torch.randn_like(x)
+    norm_first = forward_backward(tk.rms_norm, [x, w], norm_grad, torch.bfloat16)
+    for _ in range(3):
+        again = forward_backward(tk.flash_attention, inputs, grad, torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+        norm_again = forward_backward(tk.rms_norm, [x, w], norm_grad, torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(norm_first, norm_again))
+    y, cos, sin = rope_inputs(4, 300, 24, 64)
+    rope_first = forward_backward(lambda t: tk.rope(t, cos, sin), [y], y, torch.bfloat16)
+    rope_again = forward_backward(lambda t: tk.rope(t, cos, sin), [y], y, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(rope_first, rope_again))
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_itself():
+    """With triton_op, torch.compile (Inductor) traces into the operators: its
+    generated code launches our Triton kernels directly (no call back into the
+    tinyllama_v3 operators) and computes what eager mode computes."""
+    if not common.USE_TRITON_OP:
+        pytest.skip(f"torch {torch.__version__} has no torch.library.triton_op")
+    from torch._inductor.utils import run_and_get_code
+
+    (q, k, v), grad = attention_inputs(2, 4, 2, 130, 64)
+    w = torch.randn(64, device=DEVICE)
+
+    def block(q, k, v, w):
+        return tk.flash_attention(tk.rms_norm(q, w, 1e-5, torch.bfloat16), k, v)
+
+    inputs = [t.to(torch.bfloat16) for t in (q, k, v)] + [w]
+    want = forward_backward(block, inputs, grad.to(torch.bfloat16))
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    got, codes = run_and_get_code(forward_backward, compiled, inputs, grad.to(torch.bfloat16))
+    code = "\n".join(codes)
+    for kernel in ("_rmsnorm_fwd_kernel", "_attn_fwd_kernel", "_rmsnorm_bwd_kernel",
+                   "_attn_bwd_dq_kernel", "_attn_bwd_dkdv_kernel"):
+        assert kernel in code, f"{kernel} is not launched by Inductor's code"
+    assert "torch.ops.tinyllama_v3" not in code, "the compiled code calls back into Python"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
