@@ -203,7 +203,7 @@ def check_amd_target() -> Check | None:
         return Check("v3 amd target", "ok", f"{arch}: V3's Triton kernels are tuned for this GPU")
     return Check("v3 amd target", "warn", warning or f"{arch}: V3's Triton kernels are not "
                  f"tuned for this GPU (tuned: {', '.join(tuned)})",
-                 "python -m version3_triton.codegen --targets " + arch + " shows the compiled code")
+                 "python -m benchmarks.codegen --targets " + arch + " shows the compiled code")
 
 
 def check_arch_in_build(arch: str | None, built_for: list[str]) -> Check:

@@ -1,4 +1,4 @@
-"""The kernel benchmark (version3_triton/bench_kernels.py) end to end: its quick mode writes
+"""The kernel benchmark (benchmarks/bench_kernels.py) end to end: its quick mode writes
 every timing column."""
 import json
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 def test_bench_kernels_quick_runs_and_reports_host_overhead(tmp_path, capsys):
     """The kernel benchmark's smoke mode (interpreter on a CPU, tiny shapes on a GPU)
     writes every timing column, including the host-overhead ones."""
-    from version3_triton import bench_kernels
+    from benchmarks import bench_kernels
 
     out = tmp_path / "k.json"
     assert bench_kernels.main(["--quick", "--output", str(out)]) == 0

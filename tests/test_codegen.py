@@ -1,6 +1,6 @@
 """Version 3's kernels compiled for AMD and NVIDIA GPUs on this (CPU) machine.
 
-`python -m version3_triton.codegen` compiles every launch configuration the
+`python -m benchmarks.codegen` compiles every launch configuration the
 chooser can pick and reads registers, spills, LDS and matrix instructions from
 the compiler's output. On the GPUs the kernels are tuned for - MI200 (gfx90a),
 MI300X (gfx942), MI350 (gfx950), A100 (sm_80), H100/H200 (sm_90) - nothing the
@@ -10,7 +10,7 @@ the matrix units. `make test` runs the workshop's case (bf16, head size 64);
 the full table (fp16, head size 128, every target) is marked slow:
 
     python -m pytest tests/test_codegen.py -m slow
-    python -m version3_triton.codegen            # the same table, printed
+    python -m benchmarks.codegen            # the same table, printed
 """
 import json
 import os
@@ -20,7 +20,7 @@ import pytest
 from conftest import run_cli
 
 pytest.importorskip("triton", reason="needs triton")
-# (not version3_triton.codegen: importing it switches this process out of the interpreter)
+# (not benchmarks.codegen: importing it switches this process out of the interpreter)
 from version3_triton.kernels.configs import SPILLS_THAT_PAY  # noqa: E402
 
 TUNED = "gfx90a,gfx942,gfx950,sm_80,sm_90"
@@ -29,7 +29,7 @@ TUNED = "gfx90a,gfx942,gfx950,sm_80,sm_90"
 def codegen_table(tmp_path, *args) -> dict:
     out = tmp_path / "codegen.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = run_cli(["-m", "version3_triton.codegen", "--json", out, *args], env=env, timeout=900)
+    proc = run_cli(["-m", "benchmarks.codegen", "--json", out, *args], env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())
 
@@ -72,7 +72,7 @@ def test_mi50_table_shows_no_matrix_cores(tmp_path):
 SEQUENCE_OF_ONE = """
 import sys, triton
 from triton.compiler import ASTSource
-from version3_triton import codegen
+from benchmarks import codegen
 for kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
     job = next(j for j in codegen.jobs(["gfx942"], [kernel], ["bf16"], [64]) if j["rope"])
     fn = codegen.kernel_fn(kernel)

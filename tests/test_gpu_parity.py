@@ -162,7 +162,7 @@ def test_gpu_compare_versions_reports_each_runs_own_peak(tmp_path, capsys):
 def test_gpu_bench_kernels_names_the_bf16_sdpa_kernel():
     import importlib
 
-    bench = importlib.import_module("version3_triton.bench_kernels")
+    bench = importlib.import_module("benchmarks.bench_kernels")
     label = bench.sdpa_kernel_name((16, 16, 16, 512, 64), torch.bfloat16, torch.device("cuda"))
     assert label.split(" (")[0] in ("flash", "cudnn", "fused (device-specific)"), label
 

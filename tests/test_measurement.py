@@ -66,7 +66,7 @@ def test_sdpa_sweep_times_many_calls_between_two_events(monkeypatch):
 def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
     load_version("v4")
     probe = importlib.import_module("version4_sdpa.sdpa_probe")
-    bench = importlib.import_module("version3_triton.bench_kernels")
+    bench = importlib.import_module("benchmarks.bench_kernels")
     seen = []
     monkeypatch.setattr(probe, "probe_sdpa_kernel",
                         lambda build, cfg, b, n, device, precision, *a, **k:

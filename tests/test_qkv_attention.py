@@ -85,10 +85,10 @@ def test_gradient_slots_are_checked():
 
 @pytest.mark.slow
 def test_the_backward_ops_tool_shows_the_gather_and_its_absence(capsys):
-    """version3_triton/backward_ops.py (exercise V3-6) lists each backward's operators."""
+    """benchmarks/backward_ops.py (exercise V3-6) lists each backward's operators."""
     import importlib
 
-    assert importlib.import_module("version3_triton.backward_ops").main() == 0
+    assert importlib.import_module("benchmarks.backward_ops").main() == 0
     lines = {line.split("  ")[1].strip(): line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "slice_backward" in lines["attention on QKV, separate steps"]
     assert "slice_backward" not in lines["attention on QKV, qkv_attention"]

@@ -61,13 +61,13 @@ SCRIPTS = {
         gpu=[PY, f"{folder}/tiny_llama_v{n}.py", *TINY, "--output", f"{{tmp}}/v{n}.json"])
        for n, folder in ((1, "version1_baseline"), (2, "version2_fused"), (3, "version3_triton"),
                          (4, "version4_sdpa"))},
-    "version3_triton/backward_ops.py": dict(
+    "benchmarks/backward_ops.py": dict(
         cpu="tests/test_qkv_attention.py::test_the_backward_ops_tool_shows_the_gather_and_its_absence",
-        gpu=[PY, "version3_triton/backward_ops.py"]),
-    "version3_triton/bench_kernels.py": dict(
+        gpu=[PY, "benchmarks/backward_ops.py"]),
+    "benchmarks/bench_kernels.py": dict(
         cpu="tests/test_bench_kernels.py::test_bench_kernels_quick_runs_and_reports_host_overhead",
         gpu=None),  # tests/test_gpu_parity.py::test_gpu_bench_kernels_names_the_bf16_sdpa_kernel
-    "version3_triton/codegen.py": dict(cpu="tests/test_codegen.py::test_flagship_targets_never_spill_bf16_head_dim_64",
+    "benchmarks/codegen.py": dict(cpu="tests/test_codegen.py::test_flagship_targets_never_spill_bf16_head_dim_64",
                                        gpu=None),  # compiles for GPUs on the CPU
 }
 

@@ -15,7 +15,7 @@ whole set where the GPU model has none yet, else only the steps re-run into the 
     compare_medium.json   benchmarks/compare_versions.py, medium preset (every run's full results)
     compare_small.json    the same, small preset
     compare_large.json    V1, V3, V4 and the peer, large preset
-    kernels.json          version3_triton/bench_kernels.py
+    kernels.json          benchmarks/bench_kernels.py
     ceilings.json         python -m benchmarks.ceilings
     memory_check.json     python -m analysis_tools memory: the model against measured peaks
     flop_counters         (in summary.json) DeepSpeed's and FlopCounterMode's counts against the formula

@@ -171,7 +171,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "(`--rope-in-attention`), off by default.", ""]
 
     out += ["## Version 3's kernels against PyTorch", "",
-            "`python version3_triton/bench_kernels.py`: forward and backward of each kernel, "
+            "`python benchmarks/bench_kernels.py`: forward and backward of each kernel, "
             "`triton.testing.do_bench` medians with the L2 cache flushed, and the same forward+backward "
             "replayed from a CUDA/HIP graph (no host launch cost):", "", block("kernels"), "",
             "SDPA backends on the medium preset's attention shape (one layer, forward + backward):", "",

@@ -83,7 +83,7 @@ AUTOTUNE = os.environ.get("V3_AUTOTUNE", "1") != "0"  # 0: first fitting candida
 
 
 # The AMD GPUs the launch configurations are checked on: `python -m
-# version3_triton.codegen` compiles every config the chooser can pick for them with
+# benchmarks.codegen` compiles every config the chooser can pick for them with
 # no spills, inside LDS, attention on MFMA (tests/test_codegen.py keeps it so).
 TUNED_AMD = ("gfx90a", "gfx942", "gfx950")
 
@@ -94,9 +94,9 @@ def attention_warning(target: Target) -> Optional[str]:
         return None
     if target.arch.startswith(("gfx10", "gfx11", "gfx12")):  # Radeon: wave32, WMMA at most
         why = "its tiles are tuned for Instinct GPUs (64-lane wavefronts, MFMA), not for Radeon"
-    elif not target.mfma:  # MI50 and older: gfx906 in `python -m version3_triton.codegen`
+    elif not target.mfma:  # MI50 and older: gfx906 in `python -m benchmarks.codegen`
         why = ("no MFMA matrix cores: every tile is plain FMAs and its registers spill to "
-               "memory (`python -m version3_triton.codegen --targets gfx906`)")
+               "memory (`python -m benchmarks.codegen --targets gfx906`)")
     else:
         why = "its configurations are not checked for this GPU"
     return (f"V3's Triton attention is slow on {target.arch}: {why}; run with "
@@ -119,7 +119,7 @@ def cfgs(*rows, **amd) -> list[dict]:
 # A family's entry is one list for every head size, or {64: [...], 128: [...]}: the
 # list for head sizes up to 64 and the one for 65..128 (the tile's width, BLOCK_D).
 # Notes on the choices:
-# - No spills: `python -m version3_triton.codegen` compiles every candidate for
+# - No spills: `python -m benchmarks.codegen` compiles every candidate for
 #   MI200 (gfx90a), MI300X (gfx942), MI350 (gfx950), A100 (sm_80) and H100 (sm_90),
 #   bf16 and fp16, head sizes 64 and 128, and reads registers, spills, LDS and
 #   matrix instructions from the compiler's output. The lists hold what compiles
@@ -200,7 +200,7 @@ ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_CONFIGS["attn_bwd_dkdv"]
 # whose list holds spilling candidates because they are faster. On NVIDIA a spill is a store to
 # local memory that the L1 cache mostly serves, not a trip to HBM. At head size 128 on Hopper
 # the dK/dV kernel's only spill-free tile (8 warps, 32 x 64) leaves the kernel at about twice
-# the time of the 4-warp tiles, which spill (`python -m version3_triton.codegen --targets sm_90
+# the time of the 4-warp tiles, which spill (`python -m benchmarks.codegen --targets sm_90
 # --head-dims 128` shows how much): forward + backward of b4 h16 s2048 d128 bf16 in graph
 # replay, 1.23 ms with it, 0.74 ms with 64 x 64 x 4 warps. The spill-free tile stays in the
 # list, and the autotuner times them all. On AMD a spill goes to scratch memory through the
@@ -211,7 +211,7 @@ SPILLS_THAT_PAY = {("sm_90", "attn_bwd_dkdv", 128)}
 # tables in registers too, so some candidates that fit without it spill with it.
 # Where they do, the rotating kernels get a list of their own, per family and head
 # size; everywhere else they share the lists above. Same rule: nothing here spills
-# (`python -m version3_triton.codegen` compiles both variants, the "+rope" rows).
+# (`python -m benchmarks.codegen` compiles both variants, the "+rope" rows).
 ATTENTION_ROPE_CONFIGS = {
     "attn_fwd": {
         "cdna3": {128: cfgs((64, 32, 4, 1, 2), (128, 32, 8, 1, 2), (64, 32, 8, 1, 2), **_MFMA16)},
@@ -277,7 +277,7 @@ def attention_shared_bytes(kernel: str, config: dict, width: int, elem_bytes: in
     while the current ones compute (software pipelining). Counted: resident tiles +
     streamed tiles x stages (+ the P / dS tile the backward converts into a dot
     operand). Never below the compiler's own numbers (`python -m
-    version3_triton.codegen` prints them), up to ~3x above on AMD.
+    benchmarks.codegen` prints them), up to ~3x above on AMD.
     """
     stages = max(1, config.get("num_stages", 1))
     m, n = config.get("BLOCK_M", 0), config.get("BLOCK_N", 0)

@@ -1,6 +1,6 @@
 """What autograd runs between your kernels: the operators of one backward, counted.
 
-    python version3_triton/backward_ops.py
+    python benchmarks/backward_ops.py
 
 Two places where V3 has the kernels write a gradient in one piece, each against the
 separate steps it replaces: attention on the QKV GEMM's output (RoPE kernel, attention
@@ -25,7 +25,7 @@ if not torch.cuda.is_available():  # before triton is first imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from version2_fused.tiny_llama_v2 import silu_mul  # noqa: E402
 from version3_triton import kernels as tk  # noqa: E402
-from version3_triton.bench_kernels import full_width_rope_tables  # noqa: E402
+from benchmarks.bench_kernels import full_width_rope_tables  # noqa: E402
 
 # Allocation and bookkeeping every path has (Triton's CPU interpreter adds copies of its own).
 BOOKKEEPING = {"empty", "empty_strided", "new_empty", "set_", "detach", "fill_"} | (

@@ -1,8 +1,8 @@
 """Compile every V3 kernel for AMD and NVIDIA GPUs - no GPU needed - and read the ISA.
 
-    python -m version3_triton.codegen                          # the full table (minutes)
-    python -m version3_triton.codegen --targets gfx942 --head-dims 64 --dtypes bf16
-    python -m version3_triton.codegen --json results/codegen.json
+    python -m benchmarks.codegen                          # the full table (minutes)
+    python -m benchmarks.codegen --targets gfx942 --head-dims 64 --dtypes bf16
+    python -m benchmarks.codegen --json results/codegen.json
 
 For each target (MI50 gfx906, MI100 gfx908, MI200 gfx90a, MI300X gfx942, MI350
 gfx950; NVIDIA sm_80 and sm_90 as the cross-check), each kernel (RMSNorm forward

@@ -1,8 +1,8 @@
 """Benchmark version 3's Triton kernels against PyTorch, forward + backward.
 
-    python version3_triton/bench_kernels.py                  # GPU: the *_SHAPES below, bf16
-    python version3_triton/bench_kernels.py --output results/v3_kernels.json
-    python version3_triton/bench_kernels.py --quick          # seconds; on a CPU: the interpreter
+    python benchmarks/bench_kernels.py                  # GPU: the *_SHAPES below, bf16
+    python benchmarks/bench_kernels.py --output results/v3_kernels.json
+    python benchmarks/bench_kernels.py --quick          # seconds; on a CPU: the interpreter
 
 What is measured:
 - RMSNorm at 16384 x 1024: achieved GB/s against the measured device-copy
