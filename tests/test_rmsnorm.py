@@ -88,7 +88,7 @@ def test_backward_keeps_only_h_weight_and_the_row_statistic():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         h, _ = tk.add_rms_norm(x, delta, w)
     assert len(saved) == 3 and saved[0] is h and saved[1] is w
-    assert saved[2].shape == (15,) and saved[2].dtype == F32  # one per row: 3 x 5 rows
+    assert saved[2].shape == (3, 5) and saved[2].dtype == F32
 
 
 def test_delta_of_another_shape_is_refused():

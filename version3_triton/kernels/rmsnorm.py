@@ -182,12 +182,10 @@ def _block_cols(n_cols: int) -> int:
 
 
 def _outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
-    """Allocate y and rstd, one fp32 per row (shared by the real op and its fake for
-    torch.compile)."""
+    """Allocate y and rstd, one fp32 per row in x's leading shape (shared by the real op
+    and its fake for torch.compile, whose backward graph restrides saved tensors by it)."""
     dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
-    return (common.empty_like(x, dtype),
-            common.empty((x.numel() // x.shape[-1] if x.shape[-1] else 0,), torch.float32,
-                         x.device))
+    return common.empty_like(x, dtype), common.empty(x.shape[:-1], torch.float32, x.device)
 
 
 def _launch_forward(x, delta, weight, eps, out_dtype):
