@@ -74,6 +74,28 @@ def test_triton_launches_where_the_direct_call_is_not_available():
     assert not common._BOUND
 
 
+class _KnownLauncher:  # the __call__ of Triton 3.6's NVIDIA launcher, in shape
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        global_scratch = profile_scratch = None
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid,
+                    self.launch_pdl, global_scratch, profile_scratch, *args)
+
+
+class _OtherLauncher:  # one that passes its arguments differently (as Triton 3.9's does)
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                 launch_enter_hook, launch_exit_hook, *args):
+        self.launch(gridX, gridY, gridZ, stream, function, kernel_metadata, args)
+
+
+def test_the_c_launch_is_called_only_behind_the_launcher_it_knows():
+    """The bound launch calls Triton's C launch function itself only where the launcher's
+    __call__ is the known one; any other launcher (another Triton) is called as Triton
+    calls it."""
+    assert common._launcher_is_known(_KnownLauncher)
+    assert not common._launcher_is_known(_OtherLauncher)
+    assert not common._launcher_is_known(int)  # no Python source: not known
+
+
 @pytest.mark.gpu
 def test_gpu_bound_launch_matches_triton_s(monkeypatch):
     """Every kernel family, bound and through Triton, gives identical bits; a misaligned

@@ -132,8 +132,9 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
 # Triton's launcher (kernel.run) is a small Python __call__ around a compiled C function
 # (kernel.run.launch): it asks for scratch buffers - none for these kernels - and passes
 # the launch's flags, ~3 us of Python per call on an H200 host. Where that __call__ is
-# the one written below (Triton 3.2-3.6 for NVIDIA), the C function is called with the
-# same arguments; any other launcher is called as Triton calls it.
+# the one written below (Triton 3.6's NVIDIA launcher is; 3.9's passes other arguments),
+# the C function is called with the same arguments; any other launcher is called as
+# Triton calls it.
 _KNOWN_LAUNCHER_CALL = ("self.launch(gridX, gridY, gridZ, stream, function, "
                         "self.launch_cooperative_grid, self.launch_pdl, global_scratch, "
                         "profile_scratch, *args)")
@@ -141,13 +142,14 @@ _KNOWN_LAUNCHER_CALL = ("self.launch(gridX, gridY, gridZ, stream, function, "
 
 @functools.lru_cache(maxsize=None)
 def _launcher_is_known(launcher_class) -> bool:
+    """Is this launcher's __call__ the one whose C call _direct_launch makes itself?"""
     try:
         source = " ".join(inspect.getsource(launcher_class.__call__).split())
     except (OSError, TypeError, AttributeError):
         return False
+    source = source.replace("( ", "(").replace(" )", ")")  # however the call was wrapped
     return (source.startswith("def __call__(self, gridX, gridY, gridZ, stream, function, *args):")
-            and source.replace("( ", "(").replace(" )", ")").count("self.launch(") == 1
-            and _KNOWN_LAUNCHER_CALL in source.replace("( ", "(").replace(" )", ")"))
+            and source.count("self.launch(") == 1 and _KNOWN_LAUNCHER_CALL in source)
 
 
 def _direct_launch(kernel) -> tuple:
