@@ -3,7 +3,6 @@ every timing column."""
 import json
 
 import pytest
-import torch
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 
