@@ -113,12 +113,13 @@ class Kernels:
         return self.triton_rmsnorm or self.triton_attention or self.triton_rope or self.triton_swiglu
 
 
-def split_switches(switches: dict) -> tuple[v2.Fusions, Kernels]:
-    """V2's fusions and V3's kernels, settled, from one dict of switches."""
-    settled = SPEC.settle(switches)
-    names = {f.name for f in fields(v2.Fusions)}
-    return (v2.Fusions(**{k: v for k, v in settled.items() if k in names}),
-            Kernels(**{k: v for k, v in settled.items() if k not in names}))
+def split_switches(settled: dict) -> tuple[v2.Fusions, Kernels]:
+    """V2's fusions and V3's kernels from one dict of settled switches (SPEC.settle's, as
+    the command line records them; a recorded fact such as kernel_configs is left out)."""
+    fusions = {f.name for f in fields(v2.Fusions)}
+    kernels = {f.name for f in fields(Kernels)}
+    return (v2.Fusions(**{k: v for k, v in settled.items() if k in fusions}),
+            Kernels(**{k: v for k, v in settled.items() if k in kernels}))
 
 
 class TritonRMSNorm(v2.PlainRMSNorm):
@@ -220,9 +221,11 @@ _chunked_loss = torch.compiler.disable(kernels.linear_cross_entropy) if kernels 
 
 
 def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switches) -> nn.Module:
-    """switches: V2's fusions and V3's Kernels by name (settled: SPEC.settle).
-    kernel_configs is only recorded (forced launch configurations); it changes nothing."""
-    fusions, use = split_switches(switches)
+    """switches: V2's fusions and V3's Kernels by name; the ones not given take their
+    defaults and a switch whose needs are off is off (SPEC.settle: what the command line
+    passes is settled already, and settling it again changes nothing). kernel_configs is
+    only recorded (forced launch configurations); it changes nothing."""
+    fusions, use = split_switches(SPEC.settle(switches))
     any_kernel = use.any_kernel
     if any_kernel:
         require_triton()
@@ -278,7 +281,7 @@ def forced_configs(run) -> dict:
 def preflight(args, run) -> dict:
     """Once, before training: can the kernels run here, and which launch configs are forced?"""
     forced = {}
-    _, use = split_switches({k: v for k, v in run.settings.options.items() if k != "kernel_configs"})
+    _, use = split_switches(run.settings.options)  # settled by the command line (SPEC.options)
     if use.any_kernel:
         require_triton()
         if use.rope_in_attention and args.compile:
