@@ -245,7 +245,7 @@ def suspicious(results: list[dict]) -> list[str]:
         if is_noisy(r) and not interpreted(r):  # an interpreted run shows no speed-up to doubt
             flags.append(f"{label}: step times spread {step_spread(r):.1f}x (p90/p10, over "
                          f"{NOISY_SPREAD}x): the machine was busy, its speed-up means little")
-        mfu = numbers(r)["mfu"]
+        mfu = m["mfu"]
         if mfu is not None and mfu > 1.0:
             flags.append(f"{label}: MFU {mfu * 100:.0f}% is above 100% - the timing cannot be "
                          "right (missing synchronization?)")
@@ -279,8 +279,9 @@ def observations(results: list[dict]) -> list[str]:
                      "correctness demo taking seconds a step, so its speed is no measurement and no "
                      "speed-up is shown (its losses still check the maths); the step-time plot "
                      "draws it on a scale of its own. The GPU results are in docs/RESULTS.md")
-    launch_bound = [label for label, r in zip(labels, results) if guard_passed(r) and not interpreted(r)
-                    and (numbers(r)["backward_ms"] or 0) < (numbers(r)["forward_ms"] or 0)]
+    launch_bound = [label for label, r, m in zip(labels, results, map(numbers, results))
+                    if guard_passed(r) and not interpreted(r)
+                    and (m["backward_ms"] or 0) < (m["forward_ms"] or 0)]
     if launch_bound:
         notes.append(f"backward faster than forward ({', '.join(launch_bound)}) with the gradient "
                      "guard passed: the run is launch-bound (the host sets the pace, and autograd "

@@ -166,17 +166,6 @@ ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(
 assert len({r.key for r in ROWS}) == len(ROWS), "two rows write one JSON"
 
 
-def scaled_rows(block: str) -> list[tuple[str, str, str]]:
-    """(label, 'step/name', 'step/baseline' or '') of the rows a scaling block shows."""
-    return [(r.label, r.key, f"{r.step}/{r.baseline}" if r.baseline else "")
-            for r in ROWS if r.block == block]
-
-
-def block_rows(block: str) -> list[tuple[str, str]]:
-    """(label, 'step/name') of the rows a docs block shows, in order."""
-    return [(r.label, r.key) for r in ROWS if r.block == block]
-
-
 def manifest() -> dict:
     """What publishing needs of the rows: for each, its block, label and 1-GPU baseline."""
     return {"rows": [{"key": r.key, "block": r.block, "label": r.label,

@@ -90,8 +90,11 @@ def build(settings, precision: str, device: dict, losses: list, timing: dict, me
     per_token = flops.model_flops_per_token(cfg, settings.seq_len)
     per_step = per_token * tokens_per_step
     achieved = per_step / (step_ms / 1000) / 1e12 if step_ms else None
+
+    def mfu(peak: dict):  # achieved over the peak of every GPU of the run; None if unknown
+        return achieved / (peak["tflops"] * world_size) if achieved and peak["tflops"] else None
+
     peak = flops.peak_for(device["name"], device["arch"], precision, measured_peak)
-    peak_total = peak["tflops"] * world_size if peak["tflops"] else None
     warnings = list(warnings)
     fwd, bwd = timing["forward"]["median"], timing["backward"]["median"]
     if fwd and bwd is not None and bwd < fwd and not (checked_params and device["backend"] == "cpu"):
@@ -132,8 +135,7 @@ def build(settings, precision: str, device: dict, losses: list, timing: dict, me
                   "attention_kernel": flops.attention_kernel_flops(cfg, settings.batch_size,
                                                                    settings.seq_len),
                   "achieved_tflops": achieved},
-        "mfu": {"value": achieved / peak_total if achieved and peak_total else None,
-                "peak_tflops": peak["tflops"], "peak_source": peak["source"]},
+        "mfu": {"value": mfu(peak), "peak_tflops": peak["tflops"], "peak_source": peak["source"]},
         "memory": memory,
         # A failing guard stops the run (exit 5); one that never looked (0 gradients
         # checked) has not passed: passed is null then, never true.
@@ -143,9 +145,7 @@ def build(settings, precision: str, device: dict, losses: list, timing: dict, me
     }
     if measured_peak:  # against a measured ceiling, the datasheet MFU stays beside it
         sheet = flops.peak_for(device["name"], device["arch"], precision)
-        total = sheet["tflops"] * world_size if sheet["tflops"] else None
-        record["mfu"].update(datasheet_value=achieved / total if achieved and total else None,
-                             datasheet_peak_tflops=sheet["tflops"])
+        record["mfu"].update(datasheet_value=mfu(sheet), datasheet_peak_tflops=sheet["tflops"])
     # Step times spread over NOISY_SPREAD: the machine was busy with other work.
     record["noisy"] = {"value": is_noisy(record), "p90_over_p10": step_spread(record),
                        "threshold": NOISY_SPREAD}

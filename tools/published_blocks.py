@@ -12,17 +12,17 @@ from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best
                                     num, pct, ratio, speed, table)
 
 
-def block_rows(s: dict, block: str) -> list[tuple[str, str]]:
-    """(label, 'step/name') of the rows a docs block shows, in order: from the set's manifest
-    (benchmarks/experiments.py writes it beside the measurements)."""
-    return [(r["label"], r["key"]) for r in s.get("experiments", {}).get("rows", [])
-            if r["block"] == block]
-
-
 def scaled_rows(s: dict, block: str) -> list[tuple[str, str, str]]:
-    """(label, 'step/name', its 1-GPU row's 'step/name' or '') of a scaling block's rows."""
-    return [(r["label"], r["key"], r.get("baseline", "")) for r in s.get("experiments", {}).get("rows", [])
-            if r["block"] == block]
+    """(label, 'step/name', its 1-GPU row's 'step/name' or '') of the rows a docs block
+    shows, in order: from the set's manifest (benchmarks/experiments.py writes it beside
+    the measurements)."""
+    return [(r["label"], r["key"], r.get("baseline", ""))
+            for r in s.get("experiments", {}).get("rows", []) if r["block"] == block]
+
+
+def block_rows(s: dict, block: str) -> list[tuple[str, str]]:
+    """(label, 'step/name') of the rows a docs block shows, in order."""
+    return [(label, key) for label, key, _ in scaled_rows(s, block)]
 
 
 def measured(s: dict, part: str) -> str | None:

@@ -156,13 +156,14 @@ def _direct_launch(kernel) -> tuple:
     """(callable, the arguments between the stream and the kernel's own) for a bound call:
     the C launch where it is known to take these, else Triton's launcher."""
     run = kernel.run
-    # Triton's own launch metadata (packed), launch_metadata and its enter/exit hooks: none.
-    head = (kernel.function, kernel.packed_metadata, None, None, None)
+    # Triton's packed launch metadata; launch_metadata and the enter/exit hooks: none.
+    metadata = (kernel.packed_metadata, None, None, None)
     if (DIRECT_C_LAUNCH and _launcher_is_known(type(run))
             and run.global_scratch_size == 0 and run.profile_scratch_size == 0):
+        # what the launcher's __call__ adds: its flags and no scratch buffers
         return run.launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl,
-                            None, None, *head[1:])
-    return run, head
+                            None, None, *metadata)
+    return run, (kernel.function, *metadata)
 
 
 DIRECT_C_LAUNCH = True  # tests switch it to compare the C launch with Triton's launcher

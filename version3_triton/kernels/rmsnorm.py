@@ -254,7 +254,7 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
     partial = common.empty((programs, n_cols), torch.float32, x.device)
     common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
                   dy2, x2, weight, rstd, dh2, dx, ddelta, partial, n_rows, n_cols,
-                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols,
+                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols,  # cdiv, inline
                   ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
                   BLOCK_COLS=block_cols)
     dw = partial.sum(dim=0)
