@@ -54,9 +54,11 @@ class Implementation:
     attention: str = "explicit"   # explicit: T x T scores in memory; flash: never materialised
     fused_qkv: bool = False       # one x@W_qkv: one cast copy of the input instead of three
     fused_gate_up: bool = False   # one x@W_gate_up: one cast copy instead of two
-    # RMSNorm kernel saving only its input and 1/rms; SiLU*mul kernel saving only g and u.
+    # RMSNorm kernel saving only its input (and 1/rms, norm_stats); SiLU*mul kernel saving
+    # only g and u.
     # "gpu": a kernel that is fused on GPUs only (F.rms_norm, V2's generated SiLU*mul).
     fused_norm: bool | str = False
+    norm_stats: bool = True       # the norm keeps 1/rms per row (V3's backward recomputes it)
     fused_swiglu: bool | str = False
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
@@ -124,7 +126,7 @@ class Shape:
 
 def _norm(sh: Shape, impl: Implementation, name: str) -> dict:
     nd = sh.n * sh.cfg.hidden_dim
-    out = {f"{name}: 1/rms (fp32)": sh.n * 4}
+    out = {f"{name}: 1/rms (fp32)": sh.n * 4} if impl.norm_stats else {}
     if not impl.fused_norm:
         out[f"{name}: normalised x (fp32)"] = nd * 4
     return out

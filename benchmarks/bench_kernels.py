@@ -101,7 +101,7 @@ def fwd_bwd_times(timer: Timer, op, inputs, grad_out) -> dict:
 
 # ---- RMSNorm -------------------------------------------------------------------------
 def rmsnorm_min_bytes(rows: int, cols: int, elem: int) -> int:
-    return 5 * rows * cols * elem + 8 * rows + 3 * cols * elem
+    return 5 * rows * cols * elem + 3 * cols * elem
 
 
 def bench_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
@@ -135,7 +135,7 @@ def bandwidth_rows(timer, impls: dict, inputs, grads, nbytes: int, shape: str, d
 
 
 def add_rmsnorm_min_bytes(rows: int, cols: int, elem: int) -> int:
-    return (5 * 4 + 4 * elem) * rows * cols + 8 * rows + 3 * cols * 4
+    return (5 * 4 + 4 * elem) * rows * cols + 3 * cols * 4
 
 
 def bench_add_rmsnorm(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
@@ -378,9 +378,9 @@ def run(args) -> dict:
               "command": " ".join(["python", *sys.argv]), "git_commit": git_commit(),
               "device": devices.describe(device), "quick": args.quick, "copy_gbs": copy_gbs,
               "conventions": {
-                  "rmsnorm_bytes": "5*M*N*elem (x read twice, y, dy, dx) + 8*M (1/rms) + 3*N*elem",
+                  "rmsnorm_bytes": "5*M*N*elem (x read twice, y, dy, dx) + 3*N*elem (w read twice, dw)",
                   "add_rmsnorm_bytes": "(5*4 + 4*elem)*M*N (fp32 x, h read twice, dh_in, dh; "
-                                       "delta, y, dy, ddelta in elem) + 8*M + 3*N*4",
+                                       "delta, y, dy, ddelta in elem) + 3*N*4",
                   "swiglu_bytes": "8*M*N*elem (gate_up read twice, y, dy, d gate_up)",
                   "attention_flops": "4*B*H*N^2*D forward, halved (causal), backward 2.5x forward",
                   "timing": "triton.testing.do_bench median, L2 flushed; graph = CUDA/HIP graph "

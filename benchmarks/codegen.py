@@ -95,11 +95,11 @@ def kernel_fn(kernel: str):
     return getattr(importlib.import_module(f"version3_triton.kernels.{module}"), name)
 
 
-FP32_POINTERS = {"W", "RSTD", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN", "LOSSES"}
+FP32_POINTERS = {"W", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN", "LOSSES"}
 INT64_POINTERS = {"TARGETS"}  # token ids
 # With the residual add, the norm's input x, its sum h and their gradients are the fp32
 # residual stream; delta (a GEMM's output), y and their gradients are in `dtype`.
-RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "RSTD", "DW_PARTIAL"}
+RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "DW_PARTIAL"}
 
 
 def fp32_pointers(kernel: str) -> set:

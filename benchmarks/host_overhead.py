@@ -76,16 +76,16 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
     cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))
     gate_up = leaf(8, 2 * 1024)
     h, lm_head, targets = leaf(64, 256), leaf(1024, 256), torch.randint(0, 1024, (64,), device=dev)
-    y, rstd = tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)
+    y = tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)
 
     def jit_launch():  # Triton's own launch, every argument fixed, no autotuner
-        rmsnorm._rmsnorm_fwd_kernel[(8,)](x, None, w, None, y, rstd, 8, 1024, 1024, 0, 1024,
-                                          1e-5, ADD_DELTA=False, BLOCK_ROWS=1, BLOCK_COLS=1024,
+        rmsnorm._rmsnorm_fwd_kernel[(8,)](x, None, w, None, y, 8, 1024, 1024, 0, 1024, 1e-5,
+                                          ADD_DELTA=False, BLOCK_ROWS=1, BLOCK_COLS=1024,
                                           num_warps=4, num_stages=1)
 
     def v3_launch():  # the same kernel through common.launch: bound after the first call
         common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, ["BLOCK_COLS"], lambda c: (8,),
-                      x, None, w, None, y, rstd, 8, 1024, 1024, 0, 1024, 1e-5,
+                      x, None, w, None, y, 8, 1024, 1024, 0, 1024, 1e-5,
                       ADD_DELTA=False, BLOCK_COLS=1024)
 
     def through_triton():
@@ -148,7 +148,7 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
         ("triton: JIT launch through kernel[grid]", jit_launch, None),
         ("v3: common.launch, bound (CompiledKernel called directly)", v3_launch, None),
         ("v3: common.launch through Triton (V3_JIT_LAUNCH=1)", through_triton, None),
-        ("v3: rmsnorm_forward (+ its 2 output buffers)",
+        ("v3: rmsnorm_forward (+ its output buffer)",
          lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5), None),
         ("v3: the torch.library operator (torch.compile's path)",
          lambda: rmsnorm._forward_op(x.detach(), w.detach(), 1e-5), None),
@@ -186,19 +186,24 @@ def launches(fn) -> int:
 GPU_PACED = ("linear_cross_entropy",)  # V3 operations shown beside PyTorch's, not judged
 
 
-def measure(calls, rounds: int = 7) -> list[dict]:
-    """Each row's median of `rounds` samples of 200 calls, the rows taken in turn each round:
-    a host whose speed drifts over a minute moves every row alike, not the later ones."""
+def measure(calls, rounds: int = 21, calls_per_sample: int = 100) -> list[dict]:
+    """Each row's median of `rounds` samples of 100 calls, all rows taken in turn each round
+    (forwards, then backwards on alternate rounds). A V3 row's ratio is the median over rounds
+    of its sample over its PyTorch row's sample of the same round, taken moments apart: a host
+    whose speed drifts by a third over a minute moves both alike, and the ratio keeps still
+    where the microseconds do not. `ratio_iqr`: the middle half of those ratios."""
     samples = {name: [] for name, _, _ in calls}
     for round_ in range(rounds):
-        for name, fn, _ in calls:
-            samples[name].append(1000 * host_ms(fn, calls=200, warmup=5 if round_ == 0 else 0))
+        for name, fn, _ in calls if round_ % 2 == 0 else calls[::-1]:
+            samples[name].append(1000 * host_ms(fn, calls=calls_per_sample,
+                                                warmup=5 if round_ == 0 else 0))
     rows = [{"call": name, "host_us": statistics.median(samples[name]),
              "launches": launches(fn), "replaces": replaces} for name, fn, replaces in calls]
-    by_name = {r["call"]: r for r in rows}
     for row in rows:
         if row["replaces"]:
-            row["ratio"] = row["host_us"] / by_name[row["replaces"]]["host_us"]
+            ratios = [a / b for a, b in zip(samples[row["call"]], samples[row["replaces"]])]
+            quartiles = statistics.quantiles(ratios, n=4)
+            row["ratio"], row["ratio_iqr"] = statistics.median(ratios), [quartiles[0], quartiles[2]]
             if row["call"].split()[1] in GPU_PACED:
                 row["beside"] = row.pop("replaces")
         else:
@@ -241,10 +246,12 @@ def main(argv=None) -> int:
                     if args.cprofile and name.startswith("v3:") and name.endswith("fwd+bwd")]
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}, V3 launches {common.launch_path()}: "
-          f"host microseconds per call (median of 7 rounds of 200 calls, the rows in turn)")
-    print(f"  {'call':58s} {'us':>7s} {'kernels':>7s} {'v3/torch':>8s}")
+          f"host microseconds per call (median of 21 rounds of 100 calls, the rows in turn; "
+          f"v3/torch: the median of each round's ratio, with the middle half of them)")
+    print(f"  {'call':58s} {'us':>7s} {'kernels':>7s} {'v3/torch':>8s} {'middle half':>11s}")
     for row in rows:
-        ratio = f"{row['ratio']:8.2f}" if "ratio" in row else ""
+        ratio = (f"{row['ratio']:8.2f} {row['ratio_iqr'][0]:5.2f}-{row['ratio_iqr'][1]:<5.2f}"
+                 if "ratio" in row else "")
         print(f"  {row['call']:58s} {row['host_us']:7.1f} {row['launches']:7d} {ratio}")
     paired = [r for r in rows if "replaces" in r]
     dearer = [r["call"] for r in paired if r["ratio"] > 1]

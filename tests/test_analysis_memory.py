@@ -138,7 +138,7 @@ def _options(version, *argv):
 
 V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     "--no-triton-attention": dict(attention="explicit", gqa_native=False),
-    "--no-triton-rmsnorm": {},  # V2's fused F.rms_norm on a GPU: saves the same
+    "--no-triton-rmsnorm": dict(norm_stats=True),  # V2's F.rms_norm on a GPU: also 1/rms
     "--no-fused-qkv": dict(fused_qkv=False),
     "--no-fused-gate-up": dict(fused_gate_up=False),
     "--no-fused-rmsnorm": {},  # V3's Triton norm still runs

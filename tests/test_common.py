@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
 
 def key(*args, fn=rmsnorm._rmsnorm_fwd_kernel, device=0, **constexprs):
-    return common._bound_key(fn, device, args, constexprs or dict(ADD_DELTA=False, BLOCK_COLS=64))
+    return common._bound_key(fn, device, args, constexprs or dict(ADD_DELTA=False, BLOCK_COLS=64))[0]
 
 
 def test_every_specialisation_triton_makes_takes_its_own_entry():
@@ -138,6 +138,22 @@ def test_gpu_bound_launch_matches_triton_s(monkeypatch):
         want = rmsnorm.rms_norm_reference(x.double(), w.double())
         assert torch.allclose(tk.rms_norm(x, w).double(), want, atol=2e-2, rtol=2e-2)
     assert len(common._BOUND) == entries + 2
+
+    # The direct call passes addresses: a CPU tensor where a bound call had a GPU one takes
+    # its own entry, and Triton's launch refuses it (a CPU address would crash the kernel).
+    y = torch.empty_like(aligned)
+    args = (aligned, None, w, None, y, 128, 96, 96, 0, 96, 1e-5)
+    constexprs = dict(ADD_DELTA=False, BLOCK_COLS=128)
+    on_gpu = common._bound_key(rmsnorm._rmsnorm_fwd_kernel, 0, args, constexprs)[0]
+    on_cpu = common._bound_key(rmsnorm._rmsnorm_fwd_kernel, 0, (aligned.cpu(), *args[1:]),
+                               constexprs)[0]
+    assert on_gpu != on_cpu
+    for x in (aligned, aligned):  # the second one runs bound
+        common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, rmsnorm.TUNING_KEY,
+                      lambda c: (128,), x, *args[1:], **constexprs)
+    with pytest.raises((ValueError, RuntimeError), match=r"(?i)cpu"):
+        common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, rmsnorm.TUNING_KEY,
+                      lambda c: (128,), aligned.cpu(), *args[1:], **constexprs)
 
 
 # ---- the eager path's depth --------------------------------------------------------------

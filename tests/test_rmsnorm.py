@@ -79,16 +79,19 @@ def test_nothing_to_add_is_the_plain_norm():
     assert h is x and torch.equal(y, tk.rms_norm(x, w))
 
 
-def test_backward_keeps_only_h_weight_and_the_row_statistic():
-    """Saved for backward: h (an output, kept anyway), the weight and 4 bytes per row
-    - not x, not delta."""
+def test_backward_keeps_only_its_input_and_the_weight():
+    """Saved for backward: the norm's input and the weight - with the residual add, h (an
+    output, kept anyway), not x and delta; no 1/rms per row (the backward recomputes it)."""
     x, delta, w, _, _ = inputs((3, 5, 32))
     x, delta, w = (t.requires_grad_() for t in (x, delta, w))
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        h, _ = tk.add_rms_norm(x, delta, w)
-    assert len(saved) == 3 and saved[0] is h and saved[1] is w
-    assert saved[2].shape == (3, 5) and saved[2].dtype == F32
+    for norm, first in ((lambda: tk.add_rms_norm(x, delta, w)[0], None),
+                        (lambda: tk.rms_norm(x, w), x)):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            out = norm()
+        assert len(saved) == 2 and saved[0] is (first if first is not None else out)
+        assert saved[1] is w
 
 
 def test_delta_of_another_shape_is_refused():

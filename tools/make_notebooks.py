@@ -311,7 +311,8 @@ print("Triton backend:", tk.triton_backend())'''),
 ## 1. Read a kernel
 
 The RMSNorm forward: each program owns `BLOCK_ROWS` whole rows, reads them once, keeps the
-statistic in fp32 registers and writes the output (and `1/rms` for the backward) once."""),
+statistic in fp32 registers and writes the output once. (The backward recomputes `1/rms` from the
+rows it loads anyway: no buffer to allocate per call.)"""),
     ("code", '''\
 print(inspect.getsource(rmsnorm._rmsnorm_fwd_kernel.fn))'''),
     ("md", """\

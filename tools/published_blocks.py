@@ -180,8 +180,13 @@ def host_overhead_table(s: dict) -> str:
     h = s.get("host_overhead")
     if not h:
         return PLACEHOLDER
-    rows = [[r["call"], num(r["host_us"], ",.1f"), str(r.get("launches", "-")),
-             num(r.get("ratio"), ".2f") if r.get("replaces") or r.get("beside") else ""]
+    def ratio(r: dict) -> str:
+        if not (r.get("replaces") or r.get("beside")):
+            return ""
+        middle = r.get("ratio_iqr")
+        return num(r.get("ratio"), ".2f") + (f" ({middle[0]:.2f}-{middle[1]:.2f})" if middle else "")
+
+    rows = [[r["call"], num(r["host_us"], ",.1f"), str(r.get("launches", "-")), ratio(r)]
             for r in h["rows"]]
     paired = [r for r in h["rows"] if r.get("replaces")]
     dearer = [r["call"] for r in paired if r.get("ratio", 0) > 1]
@@ -192,7 +197,7 @@ def host_overhead_table(s: dict) -> str:
                + (f". Shown beside PyTorch's, not judged on host time (the GPU sets their pace): "
                   f"{', '.join(beside)}" if beside else "") + ".") if paired else ""
     return (table(["call (tiny input: the GPU waits for the host)", "host us per call",
-                   "kernels per call", "V3 / PyTorch"], rows) + verdict
+                   "kernels per call", "V3 / PyTorch (middle half of the rounds)"], rows) + verdict
             + f"\n\nMeasured on {h.get('device', '?')} (torch {h.get('torch', '?')}, triton "
               f"{h.get('triton', '?')}), {(h.get('created') or '?')[:10]}, by `bash "
               "benchmarks/reproduce.sh kernels` (`python benchmarks/host_overhead.py`).")

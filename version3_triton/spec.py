@@ -5,9 +5,10 @@ from version2_fused.spec import FUSIONS
 
 FALLS_BACK = "falls back to V2's version"
 KERNELS = (
-    # the Triton norm saves its input and 1/rms on every device (V2's F.rms_norm: GPUs only)
+    # the Triton norm saves only its input on every device (V2's F.rms_norm, GPUs only, its
+    # input and 1/rms): its backward recomputes 1/rms from the input it loads anyway
     Switch("triton_rmsnorm", "RMSNorm forward/backward as Triton kernels", off=FALLS_BACK,
-           memory={True: {"fused_norm": True}}),
+           memory={True: {"fused_norm": True, "norm_stats": False}}),
     # without its attention kernels V3 runs V2's: the T x T scores, k and v repeated per head
     Switch("triton_attention", "flash attention forward/backward as Triton kernels", off=FALLS_BACK,
            memory={False: {"attention": "explicit", "gqa_native": False}}),

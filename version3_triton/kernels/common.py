@@ -56,7 +56,7 @@ _TUNERS: dict[str, object] = {}
 _TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
-_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, head, tail, (how, config))
+_BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, head, tail, (how, config), fn)
 _MAX_BOUND = 4096                    # forget them all past this many (shapes that keep changing)
 _GRID_PAD = {1: (1, 1), 2: (1,), 3: ()}  # a grid of 1 or 2 dimensions, padded to 3
 
@@ -79,33 +79,48 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         _launch_through_triton(spec, fn, key, grid, args, constexprs)
         return
     device = torch._C._cuda_getDevice()
-    bound_key = _bound_key(fn, device, args, constexprs)
+    bound_key, call_args = _bound_key(fn, device, args, constexprs)
     bound = _BOUND.get(bound_key)
     if bound is None:
         kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
         _bind(bound_key, spec, fn, kernel, len(args), constexprs)
         return
-    launcher, head, tail, last = bound
+    launcher, head, tail, last, _ = bound
     _LAST[spec.name] = last
     g = grid(last[1])
     launcher(*g, *_GRID_PAD[len(g)], torch._C._cuda_getCurrentRawStream(device), *head,
-             *args, *tail)
+             *call_args, *tail)
 
 
-def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple:
+def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, list]:
     """What a call must share with an earlier one to run the kernel that one ran (see
-    above): an int by value, a tensor by dtype and 16-byte alignment, anything else (bool,
-    float, None) by type and value (True == 1 in Python, so a bool's type keeps it apart)."""
-    key = [fn, device, configs.FORCED_CONFIGS.version, configs.AUTOTUNE, *constexprs.items()]
+    above): an int by value, a tensor by dtype, 16-byte alignment and being on a GPU,
+    anything else (bool, float, None) by type and value (True == 1 in Python, so a bool's
+    type keeps it apart). The kernel goes in by id: hashing a JITFunction runs Python (its
+    source's hash), and the entry keeps the function alive, so no other object can take its
+    id meanwhile.
+
+    Also returns the arguments for the direct call, each tensor as its address: given a
+    tensor, Triton's C launcher calls its data_ptr() and asks the CUDA driver whether the
+    address is a GPU one, on every launch (the key's is_cuda sends a CPU tensor through
+    Triton's launch instead, which says so)."""
+    key = [id(fn), device, configs.FORCED_CONFIGS.version, configs.AUTOTUNE, *constexprs.items()]
+    call = []
+    append, give = key.append, call.append
     for a in args:
         kind = a.__class__
         if kind is int:
-            key.append(a)
+            append(a)
+            give(a)
         elif kind is torch.Tensor or isinstance(a, torch.Tensor):
-            key += (a.dtype, not a.data_ptr() & 15)
+            address = a.data_ptr()
+            key += (a.dtype, not address & 15, a.is_cuda)
+            give(address)
         else:
-            key += (kind, a)
-    return tuple(key)
+            append(kind)
+            append(a)
+            give(a)
+    return tuple(key), call
 
 
 def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
@@ -126,7 +141,7 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
         return
     if len(_BOUND) >= _MAX_BOUND:
         _BOUND.clear()
-    _BOUND[bound_key] = (launcher, head, tail, (how, config))
+    _BOUND[bound_key] = (launcher, head, tail, (how, config), fn)  # fn: see _bound_key
 
 
 # Triton's launcher (kernel.run) is a small Python __call__ around a compiled C function

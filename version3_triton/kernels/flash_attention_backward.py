@@ -190,7 +190,7 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
 
 # ---- the backward launcher -----------------------------------------------------------------
 def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    return tuple(common.empty(t.shape, t.dtype, t.device) for t in (q, k, v))
+    return common.empty_like(q), common.empty_like(k), common.empty_like(v)
 
 
 def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -241,7 +241,7 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
         return
     meta = _head_meta(q, k, cos is not None)
     cos, sin, stride_table = tables(q, cos, sin)
-    delta = common.empty(lse.shape, torch.float32, lse.device)  # written by the dQ kernel
+    delta = common.empty_like(lse)  # fp32, one per row like lse: written by the dQ kernel
     common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
                   lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
                   q, k, v, o, grad_o, dq, lse, delta, cos, sin, *_strides(q), *_strides(k),

@@ -51,7 +51,7 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
 # the branch output DELTA to x and stores the sum h: the residual add rides on
 # the loads and stores the norm does anyway.
 @triton.jit
-def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, RSTD, n_rows, n_cols, stride_x, stride_delta,
+def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, n_rows, n_cols, stride_x, stride_delta,
                         stride_y, eps, ADD_DELTA: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: stay in fp32
@@ -73,11 +73,14 @@ def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, RSTD, n_rows, n_cols, stride_x, strid
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # fp32: see the docstring
     y = x * rstd[:, None] * w
     tl.store(Y + rows[:, None] * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
-    # Saving 4 bytes per row lets the backward skip recomputing the reduction.
-    tl.store(RSTD + rows, rstd, mask=rows < n_rows)
 
 
 # ---- backward -----------------------------------------------------------------------
+# The backward loads each row of x anyway, so it recomputes the row's rstd in registers
+# (one more row sum, next to the one it does already) instead of reading a 1/rms the
+# forward saved: no buffer for the host to allocate on every forward (~3 us, more than
+# the GPU spends on the sum).
+#
 # With x_hat = x * rstd and g = dy * w:
 #   dx = rstd * (g - x_hat * mean(g * x_hat))      (per row)
 #   dw = sum over rows of dy * x_hat                (per column)
@@ -95,10 +98,11 @@ def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, RSTD, n_rows, n_cols, stride_x, strid
 # output, an fp32 residual stream), STORE_DDELTA writes that copy from the same
 # registers, a second store instead of a separate cast kernel.
 @triton.jit
-def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_cols,
-                        rows_per_program, stride_dy, stride_x, stride_dh, stride_dx,
+def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_cols,
+                        rows_per_program, stride_dy, stride_x, stride_dh, stride_dx, eps,
                         ADD_GRAD: tl.constexpr, STORE_DDELTA: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)[None, :]
     w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
@@ -110,7 +114,7 @@ def _rmsnorm_bwd_kernel(DY, X, W, RSTD, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_co
         mask = (rows[:, None] < row_end) & (cols < n_cols)
         x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=rows < row_end, other=0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # as the forward's
         x_hat = x * rstd[:, None]
         g = dy * w
         mean_gx = tl.sum(g * x_hat, axis=1) / n_cols
@@ -181,21 +185,19 @@ def _block_cols(n_cols: int) -> int:
     return common.next_power_of_2(n_cols)
 
 
-def _outputs(x: torch.Tensor, weight: torch.Tensor, out_dtype):
-    """Allocate y and rstd, one fp32 per row in x's leading shape (shared by the real op
-    and its fake for torch.compile, whose backward graph restrides saved tensors by it)."""
-    dtype = out_dtype or torch.promote_types(x.dtype, weight.dtype)
-    return common.empty_like(x, dtype), common.empty(x.shape[:-1], torch.float32, x.device)
+def _output(x: torch.Tensor, weight: torch.Tensor, out_dtype) -> torch.Tensor:
+    """Allocate y (shared by the real op and its fake for torch.compile)."""
+    return common.empty_like(x, out_dtype or torch.promote_types(x.dtype, weight.dtype))
 
 
 def _launch_forward(x, delta, weight, eps, out_dtype):
-    """The forward kernel, plain (delta None) or with the residual add. Returns (h, y, rstd);
+    """The forward kernel, plain (delta None) or with the residual add. Returns (h, y);
     h is None for the plain norm."""
     common.check_device(x)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
     x2, n_rows, stride_x = common.as_rows(x, n_cols)
-    y, rstd = _outputs(x, weight, out_dtype)
+    y = _output(x, weight, out_dtype)
     h = d2 = None
     stride_delta = 0
     if delta is not None:
@@ -206,24 +208,23 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
     if n_rows:
         common.launch(FWD, _rmsnorm_fwd_kernel, TUNING_KEY,
                       lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
-                      x2, d2, weight, h, y, rstd, n_rows, n_cols, stride_x, stride_delta, n_cols,
-                      eps, ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
-    return h, y, rstd
+                      x2, d2, weight, h, y, n_rows, n_cols, stride_x, stride_delta, n_cols, eps,
+                      ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
+    return h, y
 
 
 def rmsnorm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel. Returns (y, rstd); y has out_dtype, by default
-    the dtype PyTorch's `x * weight` would have (same as version 1)."""
-    _, y, rstd = _launch_forward(x, None, weight, eps, out_dtype)
-    return y, rstd
+                    out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Launch the forward kernel. Returns y in out_dtype, by default the dtype PyTorch's
+    `x * weight` would have (same as version 1)."""
+    return _launch_forward(x, None, weight, eps, out_dtype)[1]
 
 
 def add_rmsnorm_forward(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                         out_dtype: Optional[torch.dtype] = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel with the residual add. Returns (h, y, rstd): h = x + delta
-    in x's dtype, y = rms_norm(h) * weight as in rmsnorm_forward."""
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel with the residual add. Returns (h, y): h = x + delta in
+    x's dtype, y = rms_norm(h) * weight as in rmsnorm_forward."""
     return _launch_forward(x, delta, weight, eps, out_dtype)
 
 
@@ -238,7 +239,7 @@ def _programs(x: torch.Tensor, n_rows: int) -> int:
     return max(1, min(n_rows, 4 * _compute_units(x.get_device()) if x.is_cuda else 3))
 
 
-def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
+def _launch_backward(grad_y, grad_h, x, weight, eps, delta_dtype):
     """The backward kernel; grad_h (the residual path's gradient) is added when given, and
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     n_cols = x.shape[-1]
@@ -253,8 +254,8 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
     programs = _programs(x, n_rows)
     partial = common.empty((programs, n_cols), torch.float32, x.device)
     common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
-                  dy2, x2, weight, rstd, dh2, dx, ddelta, partial, n_rows, n_cols,
-                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols,  # cdiv, inline
+                  dy2, x2, weight, dh2, dx, ddelta, partial, n_rows, n_cols,
+                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols, eps,  # cdiv, inline
                   ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
                   BLOCK_COLS=block_cols)
     dw = partial.sum(dim=0)
@@ -262,14 +263,14 @@ def _launch_backward(grad_y, grad_h, x, weight, rstd, delta_dtype):
 
 
 def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                     rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward kernel. Returns (grad_x, grad_weight)."""
-    dx, _, dw = _launch_backward(grad_y, None, x, weight, rstd, None)
+    dx, _, dw = _launch_backward(grad_y, None, x, weight, eps, None)
     return dx, dw
 
 
 def add_rmsnorm_backward(grad_y: torch.Tensor, grad_h: Optional[torch.Tensor], h: torch.Tensor,
-                         weight: torch.Tensor, rstd: torch.Tensor,
+                         weight: torch.Tensor, eps: float,
                          delta_dtype: torch.dtype) -> list[torch.Tensor]:
     """Launch the backward kernel after add_rmsnorm_forward. grad_h: the gradient that
     reaches h along the residual path (None: h had no other use).
@@ -279,25 +280,25 @@ def add_rmsnorm_backward(grad_y: torch.Tensor, grad_h: Optional[torch.Tensor], h
     (written by the same kernel). A list: an operator's outputs may not alias, so the
     one tensor is not returned twice."""
     copy_dtype = None if delta_dtype == h.dtype else delta_dtype
-    dh, ddelta, dw = _launch_backward(grad_y, grad_h, h, weight, rstd, copy_dtype)
+    dh, ddelta, dw = _launch_backward(grad_y, grad_h, h, weight, eps, copy_dtype)
     return [dh, dw] if ddelta is None else [dh, dw, ddelta]
 
 
 # ---- the operators and autograd -----------------------------------------------------------
 _forward_op = common.define_op(
     "rmsnorm_forward", rmsnorm_forward,
-    lambda x, weight, eps, out_dtype=None: _outputs(x, weight, out_dtype))
+    lambda x, weight, eps, out_dtype=None: _output(x, weight, out_dtype))
 _backward_op = common.define_op(
     "rmsnorm_backward", rmsnorm_backward,
-    lambda grad_y, x, weight, rstd: (common.empty(x.shape, x.dtype, x.device),
+    lambda grad_y, x, weight, eps: (common.empty(x.shape, x.dtype, x.device),
                                      common.empty(weight.shape, weight.dtype, weight.device)))
 
 
 def _add_forward_fake(x, delta, weight, eps, out_dtype=None):
-    return (common.empty(x.shape, x.dtype, x.device), *_outputs(x, weight, out_dtype))
+    return common.empty(x.shape, x.dtype, x.device), _output(x, weight, out_dtype)
 
 
-def _add_backward_fake(grad_y, grad_h, h, weight, rstd, delta_dtype):
+def _add_backward_fake(grad_y, grad_h, h, weight, eps, delta_dtype):
     grads = [common.empty(h.shape, h.dtype, h.device),
              common.empty(weight.shape, weight.dtype, weight.device)]
     return grads if delta_dtype == h.dtype else grads + [common.empty(h.shape, delta_dtype,
@@ -315,14 +316,15 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, out_dtype=None):
         forward = _forward_op if common.through_operators() else rmsnorm_forward
-        y, rstd = forward(x, weight, eps, out_dtype)
-        ctx.save_for_backward(x, weight, rstd)  # 4 bytes per row: no second reduction
+        y = forward(x, weight, eps, out_dtype)
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         backward = _backward_op if common.through_operators() else rmsnorm_backward
-        dx, dw = backward(grad_y, *ctx.saved_tensors)
+        dx, dw = backward(grad_y, *ctx.saved_tensors, ctx.eps)
         return dx, dw, None, None
 
 
@@ -332,10 +334,10 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, delta, weight, eps, out_dtype=None):
         forward = _add_forward_op if common.through_operators() else add_rmsnorm_forward
-        h, y, rstd = forward(x, delta, weight, eps, out_dtype)
+        h, y = forward(x, delta, weight, eps, out_dtype)
         # h, not x and delta: the backward needs only the norm's input.
-        ctx.save_for_backward(h, weight, rstd)
-        ctx.delta_dtype = delta.dtype
+        ctx.save_for_backward(h, weight)
+        ctx.eps, ctx.delta_dtype = eps, delta.dtype
         # A gradient nobody sends (h unused, as after the last layer) stays None,
         # not a tensor of zeros the kernel would read.
         ctx.set_materialize_grads(False)
@@ -343,11 +345,11 @@ class AddRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_h, grad_y):
-        h, weight, rstd = ctx.saved_tensors
+        h, weight = ctx.saved_tensors
         if grad_y is None:  # y unused: the norm's gradient is zero
             grad_y = torch.zeros_like(h)
         backward = _add_backward_op if common.through_operators() else add_rmsnorm_backward
-        dh, dw, *ddelta = backward(grad_y, grad_h, h, weight, rstd, ctx.delta_dtype)
+        dh, dw, *ddelta = backward(grad_y, grad_h, h, weight, ctx.eps, ctx.delta_dtype)
         # h = x + delta: one gradient for both, in each one's dtype.
         return dh, ddelta[0] if ddelta else dh, dw, None, None
 
