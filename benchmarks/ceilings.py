@@ -31,7 +31,7 @@ from harness import flops  # noqa: E402
 from harness.config import PRECISIONS, parse_precisions  # noqa: E402
 from harness.errors import UsageError, WorkshopError  # noqa: E402
 from harness.measure import median_ms  # noqa: E402
-from harness.results import now, write_json  # noqa: E402
+from harness.results import git_commit, now, write_json  # noqa: E402
 from harness.probes import (CALLS_PER_SAMPLE, MATMUL_SHAPES, STABLE_PERCENT,  # noqa: E402,F401
                             matmul_probe, measure_copy_gbs, measure_matmul_tflops, spread_percent)
 
@@ -62,7 +62,7 @@ def measure_ceilings(device="auto", precisions=None, sweep: bool = False) -> dic
     desc = dev.describe(device)
     found = flops.lookup_peak(desc["name"], desc["arch"])
     return {
-        "created": now(),
+        "created": now(), "git_commit": git_commit(),
         "device": desc,
         "method": "median of device-event timings after warm-up: the best of several GEMM shapes "
                   "(harness.probes.MATMUL_SHAPES, 2*m*k*n FLOPs; compare MFU against the "

@@ -74,19 +74,26 @@ def test_update_republishes_the_steps_run_again_and_keeps_the_rest(tmp_path, mon
     (work / "levers").mkdir(parents=True)
     (work / "compare_small.json").write_text(json.dumps(report))
     (work / "levers" / "opt_fused.json").write_text(json.dumps({"exit_code": 3, "error": "out of memory"}))
+    (work / "analysis").mkdir()  # a table beside the rows: the analysis step's ceilings
+    ceilings = {**before["ceilings"], "created": "2031-01-02T03:04:05+00:00", "git_commit": "abc1234"}
+    (work / "analysis" / "ceilings.json").write_text(json.dumps(ceilings))
     publish.update(work, pub)
     after = json.loads((pub / "summary.json").read_text())
-    earlier = [u for u in before.get("updated", []) if u["part"] not in ("compare_small", "levers/opt_fused")]
+    earlier = [u for u in before.get("updated", [])
+               if u["part"] not in ("compare_small", "ceilings", "levers/opt_fused")]
     assert after["updated"][:len(earlier)] == earlier
-    assert [u["part"] for u in after["updated"][len(earlier):]] == ["compare_small", "levers/opt_fused"]
+    assert [u["part"] for u in after["updated"][len(earlier):]] == ["compare_small", "ceilings",
+                                                                    "levers/opt_fused"]
+    assert after["ceilings"] == ceilings and json.loads((pub / "ceilings.json").read_text()) == ceilings
     assert after["updated"][len(earlier)]["git_commit"] == "abc1234"
     assert after["rows"]["levers/opt_fused"]["exit_code"] == 3
     assert {k: v for k, v in after["rows"].items() if k != "levers/opt_fused"} == {
         k: v for k, v in before["rows"].items() if k != "levers/opt_fused"}
     assert after["compare"]["medium"] == before["compare"]["medium"] and after["kernels"] == before["kernels"]
     page = (pub / "RESULTS.md").read_text()
-    assert "| re-measured | compare_small: 2031-01-02, commit `abc1234` |" in page
-    assert "| re-measured | levers (1 row): ?, commit `unknown` |" in page
+    assert "| re-measured | compare_small, ceilings: 2031-01-02, commit `abc1234` |" in page
+    assert any(line.startswith("| re-measured |") and "levers (1 row)" in line
+               and line.endswith(": ?, commit `unknown` |") for line in page.splitlines())
     with pytest.raises(SystemExit, match="nothing re-measured"):
         publish.update(tmp_path / "empty", pub)
 

@@ -169,6 +169,37 @@ def _rows(work: Path):
         yield key, {**data, "overlap": overlap} if overlap else data
 
 
+# The tables a step writes beside its training rows: (file in reproduce's folder, name in the
+# published set or None, summary key). The kernels step writes the first two, analysis the
+# ceilings (and the profiles, the roofline), memory the model's check, debug the outcomes.
+TABLES = (("kernels.json", "kernels.json", "kernels"),
+          ("host_overhead.json", "host_overhead.json", "host_overhead"),
+          ("analysis/ceilings.json", "ceilings.json", "ceilings"),
+          ("memory/memory_check.json", "memory_check.json", "memory"),
+          ("debug/outcomes.json", None, "debug"))
+PLOTS = ("analysis/roofline_medium.png", "memory/memory_model.png")
+
+
+def _steps_beside_rows(work: Path, out: Path, summary: dict) -> dict:
+    """Copy the tables, profiles and plots found in `work` into `out` and `summary`; returns
+    {part: its data} for each table found (the profiled runs are rows of their own)."""
+    found = {}
+    for src, dst, key in TABLES:
+        data = _load(work / src)
+        if data is not None:
+            summary[key] = found[Path(src).stem] = data
+            if dst:
+                shutil.copy(work / src, out / dst)
+    profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v3", "v4")}
+    if any(profiles.values()):
+        summary["profiles"] = {**summary.get("profiles", {}),
+                               **{k: v for k, v in profiles.items() if v}}
+    for png in PLOTS:
+        if (work / png).exists():
+            shutil.copy(work / png, out)
+    return found
+
+
 def collect(work: Path, out: Path) -> dict:
     """Assemble reproduce's rows in `work` into the published set `out` (+ out.tgz)."""
     if out.exists():
@@ -188,24 +219,10 @@ def collect(work: Path, out: Path) -> dict:
         summary.setdefault("created", data.get("created"))
     if full_rows:
         write_json(out / "rows.json", full_rows, indent=None)
-    for src, dst, key in ((work / "kernels.json", "kernels.json", "kernels"),
-                          (work / "host_overhead.json", "host_overhead.json", "host_overhead"),
-                          (work / "analysis" / "ceilings.json", "ceilings.json", "ceilings"),
-                          (work / "memory" / "memory_check.json", "memory_check.json", "memory"),
-                          (work / "debug" / "outcomes.json", None, "debug")):
-        data = _load(src)
-        if data is not None:
-            summary[key] = data
-            if dst:
-                shutil.copy(src, out / dst)
+    _steps_beside_rows(work, out, summary)
     flop_rows = flop_counter_rows(work)
     if flop_rows:
         summary["flop_counters"] = flop_rows
-    profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v3", "v4")}
-    summary["profiles"] = {k: v for k, v in profiles.items() if v}
-    for png in ("analysis/roofline_medium.png", "memory/memory_model.png"):
-        if (work / png).exists():
-            shutil.copy(work / png, out)
     if (work / "environment.txt").exists():
         shutil.copy(work / "environment.txt", out)
     summary["experiments"] = _load(work / "experiments.json") or {}  # which block shows a row
@@ -228,23 +245,23 @@ def update(work: Path, out: Path) -> dict:
     for preset, report in _comparisons(work, out):
         summary["compare"][preset] = compare_summary(report)
         parts[f"compare_{preset}"] = report
-    for name in ("kernels", "host_overhead"):  # the kernels step's two tables
-        data = _load(work / f"{name}.json")
-        if data is not None:
-            shutil.copy(work / f"{name}.json", out)
-            summary[name] = parts[name] = data
+    parts.update(_steps_beside_rows(work, out, summary))
     rows = _load(out / "rows.json") or {}
     for key, data in _rows(work):
         summary["rows"][key], rows[key] = compact(data), data
         parts[key] = data
     if not parts:
-        raise SystemExit(f"error: nothing re-measured in {work} (no comparison, kernels.json, "
-                         f"host_overhead.json or row)")
+        raise SystemExit(f"error: nothing re-measured in {work} (no comparison, row or table: "
+                         f"{', '.join(src for src, _, _ in TABLES)})")
     write_json(out / "rows.json", rows, indent=None)
     summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
-    summary["updated"] = kept + [{"part": part, "created": data.get("created"),
-                                  "git_commit": data.get("git_commit")} for part, data in parts.items()]
+    def when(data, field: str):  # a table may be a list (the memory check) or lack a field
+        return data.get(field) if isinstance(data, dict) else None
+
+    summary["updated"] = kept + [{"part": part, "created": when(data, "created"),
+                                  "git_commit": when(data, "git_commit")}
+                                 for part, data in parts.items()]
     summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
     write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
