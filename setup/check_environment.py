@@ -193,9 +193,9 @@ def check_amd_target() -> Check | None:
     except Exception as e:
         return Check("v3 amd target", "info", f"gfx target unknown: {str(e)[:120]}")
     try:
-        from version3_triton.kernels import common, configs
-        warning = configs.attention_warning(common.amd_target(arch))
-        tuned = configs.TUNED_AMD
+        from version3_triton.kernels import attention_tables, common
+        warning = attention_tables.attention_warning(common.amd_target(arch))
+        tuned = attention_tables.TUNED_AMD
     except Exception as e:
         return Check("v3 amd target", "info", f"{arch}: V3's kernels could not be imported "
                                               f"({type(e).__name__}: {str(e)[:120]})")

@@ -14,7 +14,7 @@ import torch
 
 from conftest import HAS_GPU
 import version3_triton.kernels as tk  # the test files importorskip it first
-from version3_triton.kernels import common, configs
+from version3_triton.kernels import attention_tables, common, configs
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 KERNELS = list(tk.KERNEL_NAMES)
@@ -106,7 +106,7 @@ SMALL_BLOCKS = {"attn_fwd": dict(BLOCK_M=32, BLOCK_N=16), "attn_bwd_dq": dict(BL
                 "cross_entropy": dict(num_warps=2)}
 
 
-ATTENTION_KERNELS = list(configs.ATTENTION_CONFIGS)
+ATTENTION_KERNELS = list(attention_tables.ATTENTION_CONFIGS)
 
 
 def triton_next_power_of_2(n: int) -> int:
@@ -114,7 +114,7 @@ def triton_next_power_of_2(n: int) -> int:
 
 
 def family_configs(kernel: str, family: str) -> list[dict]:
-    table = configs.ATTENTION_CONFIGS[kernel][family]
+    table = attention_tables.ATTENTION_CONFIGS[kernel][family]
     return table if isinstance(table, list) else sum(table.values(), [])
 
 

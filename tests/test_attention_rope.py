@@ -15,7 +15,7 @@ import torch
 from conftest import HAS_GPU
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, configs  # noqa: E402
+from version3_triton.kernels import attention_tables, common, configs  # noqa: E402
 from version3_triton.kernels.rope import rope_reference  # noqa: E402
 
 # The package exports a function named like the module: import the module itself.
@@ -161,7 +161,7 @@ def test_rope_configs_are_legal_and_fit(kernel):
     in AMD lists only, and for every GPU and head size candidates that fit in shared
     memory."""
     spec = configs.SPECS[kernel]
-    for family, table in configs.ATTENTION_ROPE_CONFIGS[kernel].items():
+    for family, table in attention_tables.ATTENTION_ROPE_CONFIGS[kernel].items():
         for c in sum(table.values(), []):
             m, n = c["BLOCK_M"], c["BLOCK_N"]
             assert (n % m if kernel == "attn_bwd_dkdv" else m % n) == 0, (family, c)

@@ -4,7 +4,7 @@
 chooser can pick and reads registers, spills, LDS and matrix instructions from
 the compiler's output. On the GPUs the kernels are tuned for - MI200 (gfx90a),
 MI300X (gfx942), MI350 (gfx950), A100 (sm_80), H100/H200 (sm_90) - nothing the
-chooser can pick may spill registers (except where configs.SPILLS_THAT_PAY says a
+chooser can pick may spill registers (except where attention_tables.SPILLS_THAT_PAY says a
 spilling tile was measured faster) or exceed shared memory, and attention must run on
 the matrix units. `make test` runs the workshop's case (bf16, head size 64);
 the full table (fp16, head size 128, every target) is marked slow:
@@ -21,7 +21,7 @@ from conftest import run_cli
 
 pytest.importorskip("triton", reason="needs triton")
 # (not benchmarks.codegen: importing it switches this process out of the interpreter)
-from version3_triton.kernels.configs import SPILLS_THAT_PAY  # noqa: E402
+from version3_triton.kernels.attention_tables import SPILLS_THAT_PAY  # noqa: E402
 
 TUNED = "gfx90a,gfx942,gfx950,sm_80,sm_90"
 

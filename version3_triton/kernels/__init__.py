@@ -14,7 +14,9 @@
                         written in one piece
     linear_cross_entropy.py  the output layer and the loss a chunk of rows at a time:
                         the (rows, vocab) logits never exist whole
-    configs.py          the launch configurations per target: the candidate lists,
+    attention_tables.py flash attention's candidate launch configurations per GPU
+                        family and head size, the shared memory each needs
+    configs.py          how a launch configuration is chosen: the memory-bound rules,
                         the autotuner's prune, the forced-config hook
     common.py           what they share: the launch and the operator registration
     target.py           the GPU a kernel is built for (re-exported by common.py)
@@ -26,8 +28,9 @@ kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 """
 from .common import (INTERPRET, chosen_configs, current_target,  # noqa: F401
                      eager_operators, triton_backend)
-from .configs import (FORCED_CONFIGS, KERNEL_NAMES, attention_warning,  # noqa: F401
-                      check_config, forced_config, read_environment)
+from .attention_tables import attention_warning  # noqa: F401
+from .configs import (FORCED_CONFIGS, KERNEL_NAMES, check_config, forced_config,  # noqa: F401
+                      read_environment)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .qkv_attention import qkv_attention  # noqa: F401

@@ -11,9 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, configs
+from . import common
 from .attention_rope import check_tables, load_rotated, store_unrotated
-from .configs import KernelSpec
+from .attention_tables import attention_block_check, attention_configs, attention_shared_bytes
+from .configs import SPECS, KernelSpec
 from .tiles import load_rows, store_rows
 
 MAX_HEAD_DIM = 128
@@ -51,17 +52,16 @@ def _store_qk_grad(base, stride, grad, rows, n_rows, offs_d, COS, SIN, stride_ta
 def _spec(kernel: str) -> KernelSpec:
     # The rotating kernels ("rope") hold more registers: some head sizes have lists of their own.
     return KernelSpec(
-        kernel, lambda target, width=None, variant=None: configs.attention_configs(
-            kernel, target, width, variant),
-        lambda config, width, elem_bytes: configs.attention_shared_bytes(kernel, config, width,
-                                                                          elem_bytes),
+        kernel, lambda target, width=None, variant=None: attention_configs(kernel, target, width,
+                                                                            variant),
+        lambda config, width, elem_bytes: attention_shared_bytes(kernel, config, width, elem_bytes),
         lambda args, constexprs: (constexprs["HEAD_DIM"], args["Q"].element_size(),
                                   "rope" if constexprs["ROTATE"] else None),
-        configs.attention_block_check(kernel))
+        attention_block_check(kernel))
 
 
 FWD, DKDV, DQ = (_spec(k) for k in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"))
-configs.SPECS.update({s.name: s for s in (FWD, DKDV, DQ)})
+SPECS.update({s.name: s for s in (FWD, DKDV, DQ)})
 # What the best tile depends on: sequence length, head size, GQA group, dtype
 # (the autotuner adds the tensors' dtypes), RoPE on load or not - not batch or head count.
 TUNING_KEY = ["N_CTX", "GROUP_SIZE", "HEAD_DIM", "DOT_PRECISION", "ROTATE"]

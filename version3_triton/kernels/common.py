@@ -1,6 +1,7 @@
 """What the kernel families share: the launch and the operator registration (the target
 GPU is target.py, re-exported here). Which launch configuration a kernel may run with on which
-target - the candidate lists, the prune, the forced-config hook - is configs.py.
+target - the rules, the prune, the forced-config hook - is configs.py; attention's candidate
+lists are attention_tables.py.
 
 `launch` runs a memory-bound kernel with the one configuration its rule gives (computed
 once per shape), and hands the others (attention) to Triton's autotuner with the
@@ -20,9 +21,10 @@ import torch
 import triton
 
 from . import configs
-from .configs import (ATTENTION_CONFIGS, SPECS, TUNED_AMD, KernelSpec,  # noqa: F401 (re-exported)
-                      attention_configs, attention_warning, candidates, check_config,
-                      config_family, forced_config, usable_on)
+from .attention_tables import (ATTENTION_CONFIGS, TUNED_AMD,  # noqa: F401 (re-exported)
+                                attention_configs, attention_warning, config_family)
+from .configs import (SPECS, KernelSpec, candidates, check_config,  # noqa: F401 (re-exported)
+                      forced_config, usable_on)
 from .target import (INTERPRET, Target, amd_target, current_target,  # noqa: F401
                      next_power_of_2, nvidia_target, triton_backend)
 
