@@ -84,7 +84,7 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
                                           num_warps=4, num_stages=1)
 
     def v3_launch():  # the same kernel through common.launch: bound after the first call
-        common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, ["BLOCK_COLS"], lambda c: (8,),
+        common.launch(rmsnorm.FWD, rmsnorm._rmsnorm_fwd_kernel, rmsnorm.TUNING_KEY, lambda c: (8,),
                       x, None, w, None, y, 8, 1024, 1024, 0, 1024, 1e-5,
                       ADD_DELTA=False, BLOCK_COLS=1024)
 
@@ -186,9 +186,12 @@ def launches(fn) -> int:
 GPU_PACED = ("linear_cross_entropy",)  # V3 operations shown beside PyTorch's, not judged
 
 
-def measure(calls, rounds: int = 21, calls_per_sample: int = 100) -> list[dict]:
-    """Each row's median of `rounds` samples of 100 calls, all rows taken in turn each round
-    (forwards, then backwards on alternate rounds). A V3 row's ratio is the median over rounds
+ROUNDS, CALLS_PER_SAMPLE = 21, 100
+
+
+def measure(calls, rounds: int = ROUNDS, calls_per_sample: int = CALLS_PER_SAMPLE) -> list[dict]:
+    """Each row's median of `rounds` samples of `calls_per_sample` calls, all rows taken in
+    turn each round (in the listed order, reversed on alternate rounds). A V3 row's ratio is the median over rounds
     of its sample over its PyTorch row's sample of the same round, taken moments apart: a host
     whose speed drifts by a third over a minute moves both alike, and the ratio keeps still
     where the microseconds do not. `ratio_iqr`: the middle half of those ratios."""
@@ -246,7 +249,8 @@ def main(argv=None) -> int:
                     if args.cprofile and name.startswith("v3:") and name.endswith("fwd+bwd")]
     print(f"{devices.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"triton {triton.__version__}, V3 launches {common.launch_path()}: "
-          f"host microseconds per call (median of 21 rounds of 100 calls, the rows in turn; "
+          f"host microseconds per call (median of {ROUNDS} rounds of {CALLS_PER_SAMPLE} calls, the "
+          f"rows in turn; "
           f"v3/torch: the median of each round's ratio, with the middle half of them)")
     print(f"  {'call':58s} {'us':>7s} {'kernels':>7s} {'v3/torch':>8s} {'middle half':>11s}")
     for row in rows:

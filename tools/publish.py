@@ -187,7 +187,7 @@ def _steps_beside_rows(work: Path, out: Path, summary: dict) -> dict:
     for src, dst, key in TABLES:
         data = _load(work / src)
         if data is not None:
-            summary[key] = found[Path(src).stem] = data
+            summary[key] = found[Path(dst).stem if dst else key] = data
             if dst:
                 shutil.copy(work / src, out / dst)
     profiles = {v: profile_summary(work / "analysis" / v) for v in ("v1", "v3", "v4")}
@@ -256,6 +256,7 @@ def update(work: Path, out: Path) -> dict:
     write_json(out / "rows.json", rows, indent=None)
     summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
+
     def when(data, field: str):  # a table may be a list (the memory check) or lack a field
         return data.get(field) if isinstance(data, dict) else None
 

@@ -180,6 +180,7 @@ def host_overhead_table(s: dict) -> str:
     h = s.get("host_overhead")
     if not h:
         return PLACEHOLDER
+
     def ratio(r: dict) -> str:
         if not (r.get("replaces") or r.get("beside")):
             return ""

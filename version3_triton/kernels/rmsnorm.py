@@ -291,7 +291,7 @@ _forward_op = common.define_op(
 _backward_op = common.define_op(
     "rmsnorm_backward", rmsnorm_backward,
     lambda grad_y, x, weight, eps: (common.empty(x.shape, x.dtype, x.device),
-                                     common.empty(weight.shape, weight.dtype, weight.device)))
+                                    common.empty(weight.shape, weight.dtype, weight.device)))
 
 
 def _add_forward_fake(x, delta, weight, eps, out_dtype=None):
