@@ -106,6 +106,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def queue_mark(device: torch.device):
+    """An event behind the work queued on the device so far (None on a CPU, whose work is
+    done when the call returns): its query() says, without waiting, whether that work ran."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 class StepClock:
     """Times regions of one training step.
 

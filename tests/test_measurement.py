@@ -160,3 +160,46 @@ def test_eager_gpu_steps_run_backward_here_and_collect_at_fixed_steps(monkeypatc
     assert torch._C._is_multithreading_enabled() and gc.isenabled()
     training_step.step_collect(training_step.GC_EVERY_STEPS - 1)  # collector on: nothing
     assert collected == [2, 1, 1]
+
+
+def test_losses_are_read_behind_the_gpu_queue_and_checked_when_they_arrive(monkeypatch):
+    """One GPU: a request copies the losses so far behind the queued work and returns; they
+    are checked and reported when their copy has arrived (or when the run waits for them),
+    so the loop never empties the GPU's queue to read a loss. A NaN stops the run when it
+    arrives, naming its step. Several ranks (or a CPU) read at once."""
+    from harness.errors import NonFiniteLoss
+    from training.trainer import LossReader
+
+    class Event:  # the copy's event: done when the test says so
+        done = False
+
+        def record(self):
+            pass
+
+        def query(self):
+            return Event.done
+
+        def synchronize(self):
+            Event.done = True
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    reported = []
+    reader = LossReader(torch.device("cuda"), lambda v: v, 4, reported.append)
+    for step, loss in enumerate([2.0, 1.5, float("nan")]):
+        reader.add(torch.tensor(loss))
+    reader.request(1)
+    reader.collect()
+    assert reported == [] and reader.losses == []  # still on its way: the loop goes on
+    Event.done = True
+    reader.collect()
+    assert reported == [1] and reader.losses == [2.0, 1.5]
+    Event.done = False
+    reader.request(2)
+    with pytest.raises(NonFiniteLoss, match="at step 3/4"):
+        reader.collect(wait=True)
+
+    reported.clear()
+    at_once = LossReader(torch.device("cuda"), lambda v: v, 4, reported.append, behind=False)
+    at_once.add(torch.tensor(3.0))
+    at_once.request(0)
+    assert reported == [0] and at_once.losses == [3.0]

@@ -260,7 +260,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
 
     # Tokens of one optimizer step over all ranks: what throughput and MFU count.
     tokens_per_step = settings.global_batch_size(ctx.world_size) * settings.seq_len
-    clock_marks, losses_dev, losses = [], [], []
+    clock_marks = []
     checked_params = 0
     measure.reset_peak_memory(device)
 
@@ -276,24 +276,14 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         return torch.nn.functional.cross_entropy(
             logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
-    def drain(upto_step: int) -> None:
-        """Read losses enqueued so far (one sync), check them, print progress.
+    def on_arrival(last_step: int) -> None:  # the losses up to last_step are read and checked
+        nonlocal last_line_at
+        say(_progress_line(last_step, settings, reader.losses, clock_marks, tokens_per_step))
+        last_line_at = time.monotonic()
 
-        Under data parallelism each rank saw different data: the loss we record
-        is the mean over ranks (one all-reduce per read), identical on every
-        rank, so a NaN stops all ranks together instead of leaving some hanging.
-        """
-        first = len(losses)
-        if first > upto_step:
-            return
-        dev.synchronize(device)
-        values = ctx.mean_over_ranks(torch.stack(losses_dev[first:upto_step + 1])).tolist()
-        for i, value in enumerate(values, start=first):
-            if value != value or value in (float("inf"), float("-inf")):
-                # i counts from 0; the progress lines, and so this message, from 1
-                raise NonFiniteLoss(f"loss became {value} at step {i + 1}/{settings.num_steps} "
-                                    f"(try a lower --learning-rate or --precision bf16/fp32)")
-            losses.append(value)
+    reader = LossReader(device, ctx.mean_over_ranks, settings.num_steps, on_arrival,
+                        behind=ctx.world_size == 1)
+    losses = reader.losses
 
     if gpu_sized:  # its first line is a step away, which takes minutes here
         say(f"{settings.version}: step 1 running (its line, with the measured pace, follows when "
@@ -327,20 +317,23 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                 scaler.update()
             step_collect(step)
             clock.mark("end")
-            losses_dev.append(step_loss)
+            reader.add(step_loss)
             if step == 0:
-                drain(0)
+                reader.request(0, wait=True)  # the gradient check reads the gradients anyway
                 checked_params = ctx.check_gradient_flow(model)
             if profiler is not None:
                 profiler.step(step)
             # Progress from the first step, an estimate of the time left from the second
             # (the first pays compilation and allocation), then every --log-every steps,
-            # and at least every PROGRESS_EVERY_S seconds.
-            if (step <= 1 or (step + 1) % settings.log_every == 0 or step + 1 == settings.num_steps
-                    or time.monotonic() - last_line_at > PROGRESS_EVERY_S):
-                drain(step)
-                say(_progress_line(step, settings, losses, clock_marks, tokens_per_step))
-                last_line_at = time.monotonic()
+            # and at least every PROGRESS_EVERY_S seconds (one GPU: with several, every rank
+            # must ask at the same steps, for the losses' all-reduce).
+            if step > 0 and (step == 1 or (step + 1) % settings.log_every == 0
+                             or step + 1 == settings.num_steps
+                             or (ctx.world_size == 1
+                                 and time.monotonic() - last_line_at > PROGRESS_EVERY_S)):
+                reader.request(step)
+            reader.collect()
+        reader.collect(wait=True)
         dev.synchronize(device)
     except torch.cuda.OutOfMemoryError:
         peak = measure.peak_memory(device)
@@ -376,6 +369,64 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         say(summary_line(result))
         print(f"results: {output}", flush=True)  # even with --quiet: where the run's result is
     return result
+
+
+class LossReader:
+    """Reads the losses of a run without emptying the GPU's queue.
+
+    Reading a GPU value makes the host wait until the GPU has run everything queued
+    before it; the next step's kernels are then queued onto an idle GPU, which waits for
+    the host's launches (milliseconds in a step paced by its launches) - at every read.
+    So `request` starts a copy of the losses so far into host memory, behind the queued
+    work, and `collect` reads the copies that have arrived: the progress line of step 10
+    prints a step or two later, and the GPU never runs dry. A non-finite loss stops the
+    run when it arrives (NonFiniteLoss, naming its step). Losses are step means; under
+    data parallelism, the mean over ranks (one all-reduce per request, on every rank at
+    the same steps). On a CPU, and with several ranks (which must all stop at the same
+    step when a loss is not finite), a request is read at once (behind=False).
+    """
+
+    def __init__(self, device: torch.device, mean_over_ranks, num_steps: int, on_arrival,
+                 behind: bool = True):
+        self.device, self.mean_over_ranks = device, mean_over_ranks
+        self.num_steps, self.on_arrival = num_steps, on_arrival
+        self.behind = behind and device.type == "cuda"
+        self.queued: list[torch.Tensor] = []  # one loss per step, on the device
+        self.losses: list[float] = []         # read and checked, one per step
+        self.pending: list[tuple] = []        # (first step, last step, host copy, its event)
+        self.requested = 0                    # the steps before this one are requested
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.queued.append(loss)
+
+    def request(self, upto_step: int, wait: bool = False) -> None:
+        first = self.requested
+        if first <= upto_step:
+            values = self.mean_over_ranks(torch.stack(self.queued[first:upto_step + 1]))
+            event = None
+            if self.behind:  # into pinned host memory, behind the queued work
+                values = values.to("cpu", non_blocking=True)
+                event = dev.queue_mark(self.device)
+            self.pending.append((first, upto_step, values, event))
+            self.requested = upto_step + 1
+        self.collect(wait or not self.behind)
+
+    def collect(self, wait: bool = False) -> None:
+        """Check the losses that have arrived (wait: all requested) and report each read."""
+        while self.pending:
+            first, last, values, event = self.pending[0]
+            if event is not None:
+                if not (wait or event.query()):
+                    return
+                event.synchronize()
+            self.pending.pop(0)
+            for i, value in enumerate(values.tolist(), start=first):
+                if value != value or value in (float("inf"), float("-inf")):
+                    # i counts from 0; the progress lines, and so this message, from 1
+                    raise NonFiniteLoss(f"loss became {value} at step {i + 1}/{self.num_steps} "
+                                        f"(try a lower --learning-rate or --precision bf16/fp32)")
+                self.losses.append(value)
+            self.on_arrival(last)
 
 
 def _looks_like_compile_error(e: Exception) -> bool:

@@ -30,6 +30,7 @@ from unittest import mock
 
 import common
 from harness import device as dev
+from training import trainer
 
 
 class HostClock(dev.StepClock):
@@ -40,6 +41,15 @@ class HostClock(dev.StepClock):
         self.use_events = False  # never record device events, never wait for the GPU
 
 
+class LossReadAtOnce(trainer.LossReader):
+    """With it, the pattern's other half: each loss read as `loss.item()` reads it, waiting for
+    the GPU (the harness's own reader copies it behind the queued work and reads it when it
+    has arrived, never waiting). The wait falls after the step's "end", outside every phase."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "behind": False})
+
+
 def build_model(config, fixed=False):
     return common.v1.TinyLlama(config)  # the model is fine; the stopwatch is not
 
@@ -47,6 +57,7 @@ def build_model(config, fixed=False):
 def patches(args):
     if not args.fixed:
         yield mock.patch("harness.device.StepClock", HostClock)
+        yield mock.patch("training.trainer.LossReader", LossReadAtOnce)
 
 
 def main(argv=None) -> int:
