@@ -60,6 +60,9 @@ class Implementation:
     fused_norm: bool | str = False
     norm_stats: bool = True       # the norm keeps 1/rms per row (V3's backward recomputes it)
     fused_swiglu: bool | str = False
+    # silu(gate)*up rebuilt in backward (V3's --recompute-swiglu): the down projection keeps
+    # no input; the rebuilt copy is freed before the MLP's activation gradients exist
+    swiglu_recompute: bool = False
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
@@ -173,7 +176,8 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
            "gate and up outputs": 2 * nf * a}
     if not impl.fused_swiglu:
         mlp["silu(gate)"] = nf * a
-    mlp["down_proj input silu(gate)*up"] = nf * a
+    if not impl.swiglu_recompute:
+        mlp["down_proj input silu(gate)*up"] = nf * a
     return attn, mlp
 
 

@@ -148,6 +148,9 @@ V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     # without the one gate+up GEMM the SwiGLU kernel cannot run: V2's fused silu_mul does
     "--no-fused-gate-up --no-fused-swiglu": dict(fused_gate_up=False, fused_swiglu=False),
     "--fused-linear-ce": dict(loss="chunked"),
+    "--recompute-swiglu": dict(swiglu_recompute=True),
+    # it recomputes the SwiGLU kernel's output: without the kernel it is off
+    "--recompute-swiglu --no-triton-swiglu": {},
     # the loss in forward needs the norm kernel that adds the residual: off with it
     "--fused-linear-ce --no-fused-residual-norm": {},
 }
@@ -172,6 +175,29 @@ def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
         M.implementation_for(version, _options(version))  # every recorded option is declared
     with pytest.raises(M.AnalysisError, match="declares no switch fused_everything"):
         M.implementation_for("v3", {"fused_everything": True})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # the interpreter has no bf16 tl.dot
+def test_recomputing_swiglu_saves_what_the_model_says(precision):
+    """V3 with --recompute-swiglu keeps one (rows, ffn) tensor less per block, as predicted,
+    and the same weight copies, measured with autograd's saved-tensor hooks (the kernels in
+    Triton's interpreter)."""
+    v3 = load_version("v3")
+    ids = torch.randint(0, CFG.vocab_size, (2, 24))
+    measured = {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = v3.build_model(CFG, recompute_swiglu=recompute)
+        measured[recompute] = M.saved_activation_bytes(model, ids, precision)
+    sh = M.Shape(CFG, 2, 24, precision)
+
+    def block_bytes(flags):
+        impl = M.implementation_for("v3", _options("v3", *flags), {"optimizer": "default"}, "cpu")
+        return sum(sum(half.values()) for half in M.block_activations(sh, impl))
+
+    saved = measured[False]["activations"] - measured[True]["activations"]
+    assert saved == CFG.num_layers * (block_bytes([]) - block_bytes(["--recompute-swiglu"])) > 0
+    assert measured[False]["weight_copies"] == measured[True]["weight_copies"]
 
 
 def test_the_chunked_loss_is_predicted_without_the_whole_logits():

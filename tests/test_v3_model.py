@@ -101,6 +101,7 @@ def _switches(options: dict, slow: bool = False):
     _switches({"triton_rope": False}, slow=True), _switches({"rope_in_attention": True}, slow=True),
     _switches({"fused_residual_norm": False}, slow=True),
     _switches({"fused_qkv_grad": False}, slow=True), _switches({"triton_swiglu": False}, slow=True),
+    _switches({"recompute_swiglu": True}),
     _switches({"triton_attention": False, "triton_rmsnorm": False}),
     _switches({"fused_qkv": False, "fused_gate_up": False})])
 def test_every_switch_keeps_the_maths(options):
@@ -198,21 +199,38 @@ def test_gpu_autocast_error_within_2x_of_v1s_own(dtype):
     assert_within_2x(exact, ours, theirs, "V3", "V1")
 
 
+def train_bf16(tmp_path, mode, *flags) -> dict:
+    out = tmp_path / f"run{len(flags)}.json"
+    proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--precision", "bf16", "--num-steps", "6",
+                    "--warmup-steps", "2", "--quiet", "--output", out, *mode, *flags])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+GPU_MODES = pytest.mark.parametrize(
+    "mode", [[], ["--compile", "--compile-mode", "reduce-overhead"],
+             ["--compile", "--compile-mode", "reduce-overhead", "--optimizer", "master"]],
+    ids=["eager", "graphs", "graphs-master"])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [[], ["--compile", "--compile-mode", "reduce-overhead"]],
-                         ids=["eager", "graphs"])
+@GPU_MODES
 def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
     """bf16, eager and compiled with graphs (the loss runs outside the compiled graph): the
     same losses as the default run within bf16's rounding, and every gradient flows."""
-    def run(*flags):
-        out = tmp_path / f"run{len(flags)}.json"
-        proc = run_cli([SCRIPTS["v3"], "--preset", "tiny", "--precision", "bf16", "--num-steps", "6",
-                        "--warmup-steps", "2", "--quiet", "--output", out, *mode, *flags])
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(out.read_text())
-    plain, fused = run(), run("--fused-linear-ce")
+    plain, fused = train_bf16(tmp_path, mode), train_bf16(tmp_path, mode, "--fused-linear-ce")
     assert fused["options"]["fused_linear_ce"] and fused["gradient_guard"]["passed"]
     assert fused["losses"] == pytest.approx(plain["losses"], rel=2e-2)
+
+
+@pytest.mark.gpu
+@GPU_MODES
+def test_gpu_recompute_swiglu_trains_like_the_default(tmp_path, mode):
+    """The same losses (within bf16's rounding: compiled code may fuse differently), every
+    gradient flowing, in each mode the fusion step runs it in."""
+    plain, recomputed = train_bf16(tmp_path, mode), train_bf16(tmp_path, mode, "--recompute-swiglu")
+    assert recomputed["options"]["recompute_swiglu"] and recomputed["gradient_guard"]["passed"]
+    assert recomputed["losses"] == pytest.approx(plain["losses"], rel=2e-2)
 
 
 def assert_within_2x(exact: dict, ours: dict, theirs: dict, we: str, they: str) -> None:
@@ -297,6 +315,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, env, 
     (["--no-triton-attention", "--rope-in-attention"], {"triton_attention": False,
                                                         "fused_qkv_grad": False}),
     (["--rope-in-attention"], {"rope_in_attention": True}),
+    (["--recompute-swiglu", "--no-triton-swiglu"], {"triton_swiglu": False}),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settled):
     """What the results record is what the model runs: a switch that cannot take effect
@@ -307,5 +326,5 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
     defaults = {**dict.fromkeys(("fused_qkv", "fused_gate_up", "fused_rmsnorm", "fused_swiglu",
                                  "triton_rmsnorm", "triton_attention", "triton_rope",
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
-                "rope_in_attention": False, "fused_linear_ce": False}
+                "rope_in_attention": False, "recompute_swiglu": False, "fused_linear_ce": False}
     assert v3.SPEC.options(args) == {**defaults, **settled}

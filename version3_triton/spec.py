@@ -28,6 +28,11 @@ KERNELS = (
     Switch("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
            "output, its gradient written whole", off=FALLS_BACK, needs=("fused_gate_up",),
            memory={True: {"fused_swiglu": True}}),
+    # silu(gate) * up not kept for the down projection's weight gradient: rebuilt in backward
+    Switch("recompute_swiglu", "silu(gate) * up recomputed in backward from the gate/up output "
+           "(kept anyway) instead of kept for the down projection: one (rows, ffn) tensor less "
+           "per block, one SwiGLU kernel more per backward", default=False,
+           needs=("triton_swiglu",), memory={True: {"swiglu_recompute": True}}),
     # the loss in forward, a chunk of rows at a time: no whole logits, no fp32 copy of them
     Switch("fused_linear_ce", "the output layer and the loss computed together a chunk of rows "
            "at a time (kernels/linear_cross_entropy.py): the whole logits never exist",

@@ -34,15 +34,17 @@ boundaries between operations that neither PyTorch nor torch.compile crosses (4-
 6. SwiGLU's middle, silu(gate) * up, as one kernel each way on the gate/up
    GEMM's output: the backward recomputes sigmoid(gate) instead of saving it and
    writes [d gate | d up] whole, where V2 hands gate and up to autograd as two
-   views whose gradients it then gathers.
+   views whose gradients it then gathers. With --recompute-swiglu (off by default)
+   silu(gate) * up is not kept for the down projection's backward at all: the
+   backward runs the forward kernel again (memory for one cheap kernel).
 
 The matrix products stay with the vendor's BLAS (cuBLAS / hipBLASLt): the
 lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
 --no-fused-residual-norm, --no-fused-qkv-grad, --no-triton-swiglu, V2's fusion
-flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention is an option, off by
-default, measured against the default the same way. Block sizes of the kernels can be
+flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention
+and --recompute-swiglu are options, off by default, measured against the default the same way. Block sizes of the kernels can be
 forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
 kernels/configs.py; the results JSON records any forced configuration.
@@ -106,6 +108,7 @@ class Kernels:
     fused_residual_norm: bool
     fused_qkv_grad: bool
     triton_swiglu: bool
+    recompute_swiglu: bool
     fused_linear_ce: bool
 
     @property
@@ -181,6 +184,15 @@ class TritonSwiGLU(v2.SwiGLU):
         return self.down_proj(kernels.swiglu(F.linear(x, self.gate_up_proj.weight)))
 
 
+class RecomputingSwiGLU(TritonSwiGLU):
+    """TritonSwiGLU whose silu(gate) * up is rebuilt in the backward (--recompute-swiglu):
+    the down projection runs inside kernels.swiglu_linear, so autograd never keeps its input."""
+
+    def forward(self, x):
+        gate_up = F.linear(x, self.gate_up_proj.weight)
+        return kernels.swiglu_linear(gate_up, self.down_proj.weight)
+
+
 class ResidualNormBlock(v2.Block):
     """V2's block (same modules) that takes the residual stream x and the previous
     block's output `delta` not yet added to it, so each norm does the add in front
@@ -238,7 +250,9 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
     def norm(dim, eps, fused):  # the Triton norm has V2's `weight`: V1's weights load
         return TritonRMSNorm(dim, eps) if use.triton_rmsnorm else v2.RMSNorm(dim, eps, fused)
 
-    parts = dict(attention=attention, norm=norm, mlp=TritonSwiGLU if use.triton_swiglu else v2.SwiGLU)
+    mlp = (RecomputingSwiGLU if use.recompute_swiglu else TritonSwiGLU if use.triton_swiglu
+           else v2.SwiGLU)
+    parts = dict(attention=attention, norm=norm, mlp=mlp)
     if use.fused_residual_norm:
         model = ResidualNormLlama(config, fusions, fused_linear_ce=use.fused_linear_ce, **parts)
     else:
