@@ -63,6 +63,8 @@ class Implementation:
     # silu(gate)*up rebuilt in backward (V3's --recompute-swiglu): the down projection keeps
     # no input; the rebuilt copy is freed before the MLP's activation gradients exist
     swiglu_recompute: bool = False
+    # q, k rotated again in backward (V3's --recompute-rope): attention keeps no rotated copy
+    qk_recompute: bool = False
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
@@ -163,7 +165,8 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
         # A saved view keeps its whole storage alive: v sliced from a fused qkv
         # output keeps all of q, k and v of that projection.
         v = n * (c.num_heads + 2 * c.num_kv_heads) * hd * a if impl.fused_qkv else k
-        attn["q, k after RoPE"] = q + k
+        if not impl.qk_recompute:
+            attn["q, k after RoPE"] = q + k
         attn["v (its whole projection output)" if impl.fused_qkv else "v"] = v
         # Flash kernels write the output as (B, T, heads, hd) in memory, so merging
         # heads for o_proj is a view: o_proj saves this very tensor.
@@ -273,6 +276,9 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
         q = n * c.num_heads * c.head_dim
         attn_forward = 0
         attn_backward = q * 4 + 3 * q * a                # fp32 dq accumulator, dq/dk/dv
+        if impl.qk_recompute:                            # q and k rotated again, alive throughout
+            kv_heads = c.num_kv_heads if impl.gqa_native else c.num_heads
+            attn_backward += (q + n * kv_heads * c.head_dim) * a
     head_grads = (c.hidden_dim * c.vocab_size + c.hidden_dim) * 4
     mlp_grads = (3 * c.hidden_dim * c.ffn_dim + c.hidden_dim) * 4
     # By the softmax backward, P@V's backward has freed P's low-precision copy and

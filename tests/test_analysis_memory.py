@@ -149,6 +149,9 @@ V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     "--no-fused-gate-up --no-fused-swiglu": dict(fused_gate_up=False, fused_swiglu=False),
     "--fused-linear-ce": dict(loss="chunked"),
     "--recompute-swiglu": dict(swiglu_recompute=True),
+    "--recompute-rope": dict(qk_recompute=True),
+    # it recomputes what the QKV-gradient step keeps: without that step it is off
+    "--recompute-rope --no-fused-qkv-grad": {},
     # it recomputes the SwiGLU kernel's output: without the kernel it is off
     "--recompute-swiglu --no-triton-swiglu": {},
     # the loss in forward needs the norm kernel that adds the residual: off with it
@@ -178,16 +181,17 @@ def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])  # the interpreter has no bf16 tl.dot
-def test_recomputing_swiglu_saves_what_the_model_says(precision):
-    """V3 with --recompute-swiglu keeps one (rows, ffn) tensor less per block, as predicted,
-    and the same weight copies, measured with autograd's saved-tensor hooks (the kernels in
-    Triton's interpreter)."""
+@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope"])
+def test_a_recomputation_saves_what_the_model_says(switch, precision):
+    """V3 with --recompute-swiglu keeps one (rows, ffn) tensor less per block, with
+    --recompute-rope no rotated q and k, as predicted, and the same weight copies: measured
+    with autograd's saved-tensor hooks (the kernels in Triton's interpreter)."""
     v3 = load_version("v3")
     ids = torch.randint(0, CFG.vocab_size, (2, 24))
     measured = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        model = v3.build_model(CFG, recompute_swiglu=recompute)
+        model = v3.build_model(CFG, **{switch: recompute})
         measured[recompute] = M.saved_activation_bytes(model, ids, precision)
     sh = M.Shape(CFG, 2, 24, precision)
 
@@ -196,7 +200,8 @@ def test_recomputing_swiglu_saves_what_the_model_says(precision):
         return sum(sum(half.values()) for half in M.block_activations(sh, impl))
 
     saved = measured[False]["activations"] - measured[True]["activations"]
-    assert saved == CFG.num_layers * (block_bytes([]) - block_bytes(["--recompute-swiglu"])) > 0
+    flag = "--" + switch.replace("_", "-")
+    assert saved == CFG.num_layers * (block_bytes([]) - block_bytes([flag])) > 0
     assert measured[False]["weight_copies"] == measured[True]["weight_copies"]
 
 

@@ -63,6 +63,28 @@ def test_torch_compile_traces_through_qkv_attention():
     assert_compiles_like_eager(lambda qkv, cos, sin: tk.qkv_attention(qkv * 0.5, cos, sin, 2))
 
 
+@pytest.mark.parametrize("operators", [False, True], ids=["eager", "operators"])
+def test_recompute_rope_gives_the_same_bits_and_keeps_no_rotated_q_k(operators):
+    """recompute_rope: the backward rotates q and k again with the same kernel, so output and
+    gradient are identical; autograd keeps qkv, O, LSE and the tables, not the rotated q and k."""
+    qkv, grad, cos, sin = qkv_inputs(1, 4, 2, 9, 16)
+
+    def run(recompute):
+        leaf = qkv.clone().requires_grad_()
+        saved = []
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
+                                                         lambda t: t)
+        with hooks, (common.eager_operators() if operators else torch.enable_grad()):
+            out = tk.qkv_attention(leaf, cos, sin, 4, recompute_rope=recompute)
+            out.backward(grad)
+        return out.detach(), leaf.grad, saved
+
+    (out, d_qkv, kept), (out_r, d_qkv_r, kept_r) = run(False), run(True)
+    assert torch.equal(out, out_r) and torch.equal(d_qkv, d_qkv_r)
+    rotated = (1, 9, 4 + 2, 16)  # (B, T, q and k heads, D)
+    assert rotated in kept and rotated not in kept_r, (kept, kept_r)
+
+
 def test_bad_head_counts_are_refused():
     qkv, _, cos, sin = qkv_inputs(1, 2, 1, 5, 16)  # 2 + 2 * 1 heads
     with pytest.raises(ValueError, match="qkv_attention wants"):

@@ -101,7 +101,7 @@ def _switches(options: dict, slow: bool = False):
     _switches({"triton_rope": False}, slow=True), _switches({"rope_in_attention": True}, slow=True),
     _switches({"fused_residual_norm": False}, slow=True),
     _switches({"fused_qkv_grad": False}, slow=True), _switches({"triton_swiglu": False}, slow=True),
-    _switches({"recompute_swiglu": True}),
+    _switches({"recompute_swiglu": True}), _switches({"recompute_rope": True}, slow=True),
     _switches({"triton_attention": False, "triton_rmsnorm": False}),
     _switches({"fused_qkv": False, "fused_gate_up": False})])
 def test_every_switch_keeps_the_maths(options):
@@ -225,11 +225,13 @@ def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
 
 @pytest.mark.gpu
 @GPU_MODES
-def test_gpu_recompute_swiglu_trains_like_the_default(tmp_path, mode):
+@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope"])
+def test_gpu_a_recomputation_trains_like_the_default(tmp_path, mode, switch):
     """The same losses (within bf16's rounding: compiled code may fuse differently), every
-    gradient flowing, in each mode the fusion step runs it in."""
-    plain, recomputed = train_bf16(tmp_path, mode), train_bf16(tmp_path, mode, "--recompute-swiglu")
-    assert recomputed["options"]["recompute_swiglu"] and recomputed["gradient_guard"]["passed"]
+    gradient flowing, in eager mode and with graphs (with and without master weights)."""
+    plain = train_bf16(tmp_path, mode)
+    recomputed = train_bf16(tmp_path, mode, "--" + switch.replace("_", "-"))
+    assert recomputed["options"][switch] and recomputed["gradient_guard"]["passed"]
     assert recomputed["losses"] == pytest.approx(plain["losses"], rel=2e-2)
 
 
@@ -288,7 +290,8 @@ def test_fused_linear_ce_under_compile_runs_the_loss_outside_the_graph(tmp_path)
     (["--device", "cpu", "--precision", "bf16"], {}, "cannot run bf16 attention"),
     ([], {"V3_ATTN_BWD_DQ_CONFIG": "BLOCK_M=huge"}, "V3_ATTN_BWD_DQ_CONFIG: bad item"),
     ([], {"V3_ATTN_FWD_CONFIG": "BLOCK_M=16,BLOCK_N=32"}, "must be a multiple of BLOCK_N"),
-], ids=["bf16-on-cpu", "unparsable-config", "impossible-config"])
+    (["--rope-in-attention", "--recompute-rope"], {}, "nothing to recompute"),
+], ids=["bf16-on-cpu", "unparsable-config", "impossible-config", "recompute-rope-in-attention"])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, env, message):
     v3 = load_version("v3")
     if HAS_GPU and "cpu" in args:
@@ -316,6 +319,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, env, 
                                                         "fused_qkv_grad": False}),
     (["--rope-in-attention"], {"rope_in_attention": True}),
     (["--recompute-swiglu", "--no-triton-swiglu"], {"triton_swiglu": False}),
+    (["--recompute-rope", "--no-fused-qkv-grad"], {"fused_qkv_grad": False}),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settled):
     """What the results record is what the model runs: a switch that cannot take effect
@@ -326,5 +330,6 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
     defaults = {**dict.fromkeys(("fused_qkv", "fused_gate_up", "fused_rmsnorm", "fused_swiglu",
                                  "triton_rmsnorm", "triton_attention", "triton_rope",
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
-                "rope_in_attention": False, "recompute_swiglu": False, "fused_linear_ce": False}
+                "rope_in_attention": False, "recompute_rope": False, "recompute_swiglu": False,
+                "fused_linear_ce": False}
     assert v3.SPEC.options(args) == {**defaults, **settled}

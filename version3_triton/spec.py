@@ -25,6 +25,10 @@ KERNELS = (
     Switch("fused_qkv_grad", "RoPE and attention as one step on the QKV GEMM's output, whose "
            "gradient the kernels write whole", off=FALLS_BACK,
            needs=("triton_attention", "triton_rope"), memory={}),
+    # the rotated q, k not kept for attention's backward: rotated again from the QKV output
+    Switch("recompute_rope", "q and k rotated again in backward from the QKV output (kept anyway) "
+           "instead of kept rotated: a copy of q and k less per block, one RoPE kernel more per "
+           "backward", default=False, needs=("fused_qkv_grad",), memory={True: {"qk_recompute": True}}),
     Switch("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
            "output, its gradient written whole", off=FALLS_BACK, needs=("fused_gate_up",),
            memory={True: {"fused_swiglu": True}}),

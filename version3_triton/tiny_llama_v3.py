@@ -25,6 +25,8 @@ boundaries between operations that neither PyTorch nor torch.compile crosses (4-
    QKV gradient (zero-filled buffers, copies, adds). RoPE and attention as one
    autograd step (kernels/qkv_attention.py) let the kernels store dv and the
    rotated-back dq, dk straight into their slots of one QKV-shaped gradient.
+   With --recompute-rope (off by default) the rotated q and k are not kept for
+   the backward, which rotates them again from the QKV output.
 5. Residual add + RMSNorm: every norm but the first follows an add to the
    residual stream, h = x + branch output. The norm's kernels do that add too:
    the forward reads x and the branch output once and writes h and the norm's
@@ -43,8 +45,9 @@ lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
 --no-fused-residual-norm, --no-fused-qkv-grad, --no-triton-swiglu, V2's fusion
-flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention
-and --recompute-swiglu are options, off by default, measured against the default the same way. Block sizes of the kernels can be
+flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention,
+--recompute-rope and --recompute-swiglu are options, off by default, measured against the
+default the same way. Block sizes of the kernels can be
 forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
 kernels/configs.py; the results JSON records any forced configuration.
@@ -107,6 +110,7 @@ class Kernels:
     rope_in_attention: bool
     fused_residual_norm: bool
     fused_qkv_grad: bool
+    recompute_rope: bool
     triton_swiglu: bool
     recompute_swiglu: bool
     fused_linear_ce: bool
@@ -151,6 +155,7 @@ class TritonAttention(v2.Attention):
         self.triton_rope = use.triton_rope
         self.rope_in_attention = use.rope_in_attention
         self.fused_qkv_grad = use.fused_qkv_grad
+        self.recompute_rope = use.recompute_rope
 
     def forward(self, x, cos, sin):
         if not self.triton_rope:
@@ -160,7 +165,7 @@ class TritonAttention(v2.Attention):
         qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
         if self.fused_qkv_grad and not self.rope_in_attention:
             # RoPE + attention on qkv itself; the backward writes qkv's gradient whole
-            out = kernels.qkv_attention(qkv, cos, sin, H)
+            out = kernels.qkv_attention(qkv, cos, sin, H, recompute_rope=self.recompute_rope)
         else:
             # (B, T, heads, D) memory seen as (B, heads, T, D): views, no copies (made only
             # here: each view is a dispatch and an autograd node the fused path has no use for)
@@ -298,6 +303,9 @@ def preflight(args, run) -> dict:
     _, use = split_switches(run.settings.options)  # settled by the command line (SPEC.options)
     if use.any_kernel:
         require_triton()
+        if use.rope_in_attention and use.recompute_rope:
+            raise UsageError("--recompute-rope has nothing to recompute with --rope-in-attention, "
+                             "which keeps no rotated q and k (drop one of the two)")
         if use.rope_in_attention and args.compile:
             raise UsageError("--rope-in-attention runs eager only: its kernels do not yet run "
                              "correctly under --compile (drop one of the two)")

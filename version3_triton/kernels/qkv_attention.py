@@ -17,6 +17,10 @@ Nothing is gathered afterwards.
 
     qkv_attention(qkv, cos, sin, n_heads)  ==  attention(rope(q), rope(k), v)
         with q, k, v = qkv.split([H, H_kv, H_kv], dim=2), each seen as (B, heads, T, D)
+
+The backward needs the rotated q and k. Kept from the forward they cost a copy of q and k
+per layer until the backward; with recompute_rope the backward rotates them again from
+qkv (kept anyway, for v): memory for one more RoPE kernel per layer (--recompute-rope).
 """
 from __future__ import annotations
 
@@ -81,36 +85,51 @@ torch.utils.flop_counter.register_flop_formula(
 class QKVAttention(torch.autograd.Function):
     """RoPE + causal flash attention on the QKV GEMM's output; the backward returns the
     QKV gradient as one tensor. Saves what its two parts would: the rotated q and k,
-    qkv (for v), O and LSE."""
+    qkv (for v), O and LSE - or, recomputing, all but the rotated q and k."""
 
     @staticmethod
-    def forward(ctx, qkv, cos, sin, n_heads: int, sm_scale: float):
+    def forward(ctx, qkv, cos, sin, n_heads: int, sm_scale: float, recompute_rope: bool):
         operators = common.through_operators()
         H_kv = (qkv.shape[2] - n_heads) // 2
         qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
         q, k, v = _split(qkv, qk, n_heads)
         o, lse = (_forward_op if operators else attention_forward)(q, k, v, sm_scale, None, None)
-        ctx.save_for_backward(qkv, qk, o, lse, cos, sin, q, k, v)
+        if recompute_rope:  # neither qk nor a view of it: the backward rotates them again
+            ctx.save_for_backward(qkv, None, o, lse, cos, sin, None, None, v)
+        else:
+            ctx.save_for_backward(qkv, qk, o, lse, cos, sin, q, k, v)
         ctx.n_heads, ctx.sm_scale = n_heads, sm_scale
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
         *saved, q, k, v = ctx.saved_tensors
+        if q is None:
+            saved[1], q, k = QKVAttention.rotate_again(*saved, ctx.n_heads)
         if common.through_operators():  # an operator takes tensors, not a tuple of views
-            return _backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale), None, None, None, None
+            return (_backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale),
+                    None, None, None, None, None)
         d_qkv = _backward(grad_o, *saved, ctx.n_heads, ctx.sm_scale, (q, k, v))
-        return d_qkv, None, None, None, None
+        return d_qkv, None, None, None, None, None
+
+    @staticmethod
+    def rotate_again(qkv, _, o, lse, cos, sin, n_heads: int):
+        """(qk, q, k) as the forward made them, from qkv (recompute_rope)."""
+        H_kv = (qkv.shape[2] - n_heads) // 2
+        rope = _rope_op if common.through_operators() else rope_forward
+        qk = rope(qkv[:, :, :n_heads + H_kv], cos, sin, False)
+        return (qk, *_split(qkv, qk, n_heads)[:2])
 
 
 def qkv_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-                  sm_scale: Optional[float] = None) -> torch.Tensor:
+                  sm_scale: Optional[float] = None, recompute_rope: bool = False) -> torch.Tensor:
     """Causal attention of the heads in qkv (B, T, H + 2*H_kv, D): the first n_heads are
     q, then H_kv of k, then H_kv of v; q and k are rotated by RoPE's tables cos, sin
     (>= T, D). Returns the (B, H, T, D) view of (B, T, H, D) memory that
-    flash_attention returns; the gradient of qkv comes back as one tensor."""
+    flash_attention returns; the gradient of qkv comes back as one tensor.
+    recompute_rope: keep no rotated q and k for the backward, which rotates them again."""
     if qkv.dim() != 4 or qkv.shape[2] <= n_heads or (qkv.shape[2] - n_heads) % 2:
         raise ValueError(f"qkv_attention wants qkv (B, T, {n_heads} + 2 * kv_heads, D); "
                          f"got {tuple(qkv.shape)}")
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(qkv.shape[3])
-    return common.apply(QKVAttention, qkv, cos, sin, n_heads, scale)
+    return common.apply(QKVAttention, qkv, cos, sin, n_heads, scale, recompute_rope)
