@@ -65,6 +65,9 @@ class Implementation:
     swiglu_recompute: bool = False
     # q, k rotated again in backward (V3's --recompute-rope): attention keeps no rotated copy
     qk_recompute: bool = False
+    # each norm's output rebuilt in backward (V3's --recompute-norm): the QKV and gate/up
+    # GEMMs keep no input
+    norm_recompute: bool = False
     gqa_native: bool = False      # k/v stay at num_kv_heads (no repeat_interleave copies)
     scores_fp32_copy: bool = False  # V1 casts the T x T scores to fp32 before softmax (a copy)
     optimizer: str = "foreach"    # AdamW: single (for-loop), foreach (one scratch copy), fused
@@ -153,7 +156,8 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
     q = n * c.num_heads * hd * a
     kv_heads = c.num_kv_heads if (impl.gqa_native and impl.attention == "flash") else c.num_heads
     attn = {"block input x (fp32 residual)": nd * 4, **_norm(sh, impl, "attn norm"),
-            **_linear_inputs(sh, 1 if impl.fused_qkv else 3, "q/k/v proj")}
+            **({} if impl.norm_recompute else
+               _linear_inputs(sh, 1 if impl.fused_qkv else 3, "q/k/v proj"))}
     if impl.attention == "explicit":
         attn["q, k, v after RoPE (k, v repeated to all heads)"] = 3 * q
         attn["softmax output P (fp32)"] = sh.scores * 4
@@ -175,7 +179,8 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
         attn["o_proj input (heads merged: a copy)"] = q
     nf = n * c.ffn_dim
     mlp = {"residual after attention (fp32)": nd * 4, **_norm(sh, impl, "mlp norm"),
-           **_linear_inputs(sh, 1 if impl.fused_gate_up else 2, "gate/up proj"),
+           **({} if impl.norm_recompute else
+              _linear_inputs(sh, 1 if impl.fused_gate_up else 2, "gate/up proj")),
            "gate and up outputs": 2 * nf * a}
     if not impl.fused_swiglu:
         mlp["silu(gate)"] = nf * a

@@ -150,6 +150,9 @@ V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     "--fused-linear-ce": dict(loss="chunked"),
     "--recompute-swiglu": dict(swiglu_recompute=True),
     "--recompute-rope": dict(qk_recompute=True),
+    "--recompute-norm": dict(norm_recompute=True),
+    # it runs the norm with the GEMM after it, through the SwiGLU and RoPE kernels' modules
+    "--recompute-norm --no-triton-swiglu": {},
     # it recomputes what the QKV-gradient step keeps: without that step it is off
     "--recompute-rope --no-fused-qkv-grad": {},
     # it recomputes the SwiGLU kernel's output: without the kernel it is off
@@ -181,11 +184,12 @@ def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])  # the interpreter has no bf16 tl.dot
-@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope"])
+@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope", "recompute_norm"])
 def test_a_recomputation_saves_what_the_model_says(switch, precision):
     """V3 with --recompute-swiglu keeps one (rows, ffn) tensor less per block, with
-    --recompute-rope no rotated q and k, as predicted, and the same weight copies: measured
-    with autograd's saved-tensor hooks (the kernels in Triton's interpreter)."""
+    --recompute-rope no rotated q and k, with --recompute-norm no norm output, as predicted,
+    and the same weight copies: measured with autograd's saved-tensor hooks (the kernels in
+    Triton's interpreter)."""
     v3 = load_version("v3")
     ids = torch.randint(0, CFG.vocab_size, (2, 24))
     measured = {}

@@ -85,59 +85,6 @@ def test_the_operators_and_torch_compile_trace_it():
     assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(compiled, halved))
 
 
-# ---- swiglu_linear: the down projection with silu(gate) * up rebuilt in the backward ------
-def down_projection(fn, gate_up, weight, grad, dtype, autocast=False):
-    """(out, d gate_up, d weight) of fn(gate_up, weight); weight stays fp32 under autocast,
-    as a parameter does."""
-    leaf = gate_up.detach().to(dtype).requires_grad_()
-    w = weight.detach().clone().requires_grad_()
-    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
-        out = fn(leaf, w)
-    out.backward(grad.to(out.dtype))
-    return out.detach(), leaf.grad, w.grad
-
-
-def plain_down(gate_up, weight):  # what TritonSwiGLU runs: the kernel, then the GEMM
-    return torch.nn.functional.linear(tk.swiglu(gate_up), weight)
-
-
-@pytest.mark.parametrize("autocast, dtype", [(False, torch.float32), (True, torch.float32),
-                                             (True, torch.bfloat16)],
-                         ids=["fp32", "autocast-fp32-input", "autocast-bf16-input"])
-def test_swiglu_linear_gives_the_two_calls_maths_and_keeps_no_middle(autocast, dtype):
-    """Same output and gradients as swiglu then F.linear (bit for bit: the same kernels and
-    GEMMs, the middle rebuilt by the same kernel); autograd keeps the gate/up output and the
-    weight as the GEMM reads it, never silu(gate) * up."""
-    gate_up, _ = inputs(2, 5, 2 * 24)
-    g = torch.Generator().manual_seed(1)
-    weight = torch.randn(16, 24, generator=g).to(DEVICE)
-    grad = torch.randn(2, 5, 16, generator=g).to(DEVICE)
-    got = down_projection(tk.swiglu_linear, gate_up, weight, grad, dtype, autocast)
-    want = down_projection(plain_down, gate_up, weight, grad, dtype, autocast)
-    for name, a, b in zip(["out", "d gate_up", "d weight"], got, want):
-        assert a.dtype == b.dtype and torch.equal(a, b), name
-
-    saved = []
-    leaf = gate_up.to(dtype).requires_grad_()
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
-            tk.swiglu_linear(leaf, weight.requires_grad_())
-    assert sorted(saved) == sorted([leaf.shape, weight.shape]), saved  # no (2, 5, 24) middle
-
-
-def test_swiglu_linear_under_the_operators_and_torch_compile():
-    gate_up, _ = inputs(2, 3, 2 * 16)
-    weight, grad = torch.randn(8, 16).to(DEVICE), torch.randn(2, 3, 8).to(DEVICE)
-    eager = down_projection(tk.swiglu_linear, gate_up, weight, grad, torch.float32)
-    with common.eager_operators():
-        through_ops = down_projection(tk.swiglu_linear, gate_up, weight, grad, torch.float32)
-    torch._dynamo.reset()
-    compiled = down_projection(torch.compile(tk.swiglu_linear, backend="aot_eager", fullgraph=True),
-                               gate_up, weight, grad, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(eager, through_ops))
-    assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(compiled, eager))
-
-
 def test_an_odd_width_is_refused():
     with pytest.raises(ValueError, match="an even size"):
         tk.swiglu(torch.randn(2, 5, device=DEVICE))

@@ -102,6 +102,9 @@ def _switches(options: dict, slow: bool = False):
     _switches({"fused_residual_norm": False}, slow=True),
     _switches({"fused_qkv_grad": False}, slow=True), _switches({"triton_swiglu": False}, slow=True),
     _switches({"recompute_swiglu": True}), _switches({"recompute_rope": True}, slow=True),
+    _switches({"recompute_norm": True}, slow=True),
+    _switches({"recompute_norm": True, "recompute_rope": True, "recompute_swiglu": True,
+               "fused_linear_ce": True}, slow=True),
     _switches({"triton_attention": False, "triton_rmsnorm": False}),
     _switches({"fused_qkv": False, "fused_gate_up": False})])
 def test_every_switch_keeps_the_maths(options):
@@ -225,7 +228,7 @@ def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
 
 @pytest.mark.gpu
 @GPU_MODES
-@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope"])
+@pytest.mark.parametrize("switch", ["recompute_norm", "recompute_rope", "recompute_swiglu"])
 def test_gpu_a_recomputation_trains_like_the_default(tmp_path, mode, switch):
     """The same losses (within bf16's rounding: compiled code may fuse differently), every
     gradient flowing, in eager mode and with graphs (with and without master weights)."""
@@ -320,6 +323,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, env, 
     (["--rope-in-attention"], {"rope_in_attention": True}),
     (["--recompute-swiglu", "--no-triton-swiglu"], {"triton_swiglu": False}),
     (["--recompute-rope", "--no-fused-qkv-grad"], {"fused_qkv_grad": False}),
+    (["--recompute-norm", "--no-triton-rope"], {"triton_rope": False, "fused_qkv_grad": False}),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settled):
     """What the results record is what the model runs: a switch that cannot take effect
@@ -331,5 +335,5 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
                                  "triton_rmsnorm", "triton_attention", "triton_rope",
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
                 "rope_in_attention": False, "recompute_rope": False, "recompute_swiglu": False,
-                "fused_linear_ce": False}
+                "recompute_norm": False, "fused_linear_ce": False}
     assert v3.SPEC.options(args) == {**defaults, **settled}

@@ -37,6 +37,12 @@ KERNELS = (
            "(kept anyway) instead of kept for the down projection: one (rows, ffn) tensor less "
            "per block, one SwiGLU kernel more per backward", default=False,
            needs=("triton_swiglu",), memory={True: {"swiglu_recompute": True}}),
+    # the norms' outputs not kept for the QKV and gate/up GEMMs' weight gradients
+    Switch("recompute_norm", "each norm's output recomputed in backward from the residual "
+           "stream (kept anyway) instead of kept for the GEMM after it: two (rows, hidden) "
+           "tensors less per block, two norm kernels more per backward", default=False,
+           needs=("fused_residual_norm", "triton_rope", "triton_swiglu"),
+           memory={True: {"norm_recompute": True}}),
     # the loss in forward, a chunk of rows at a time: no whole logits, no fp32 copy of them
     Switch("fused_linear_ce", "the output layer and the loss computed together a chunk of rows "
            "at a time (kernels/linear_cross_entropy.py): the whole logits never exist",

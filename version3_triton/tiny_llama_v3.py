@@ -32,7 +32,9 @@ boundaries between operations that neither PyTorch nor torch.compile crosses (4-
    the forward reads x and the branch output once and writes h and the norm's
    output, so the add's own pass (two reads, one write) and the norm's re-read
    of h disappear; the backward adds the residual path's gradient inside the
-   norm's backward kernel instead of in a separate add.
+   norm's backward kernel instead of in a separate add. With --recompute-norm
+   (off by default) the norm's output is not kept for the GEMM after it: the
+   backward runs the norm's forward kernel again.
 6. SwiGLU's middle, silu(gate) * up, as one kernel each way on the gate/up
    GEMM's output: the backward recomputes sigmoid(gate) instead of saving it and
    writes [d gate | d up] whole, where V2 hands gate and up to autograd as two
@@ -45,9 +47,9 @@ lesson is "Triton for memory-bound and fused ops, vendor BLAS for GEMMs".
 
 Switches (--no-triton-rmsnorm, --no-triton-attention, --no-triton-rope,
 --no-fused-residual-norm, --no-fused-qkv-grad, --no-triton-swiglu, V2's fusion
-flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention,
---recompute-rope and --recompute-swiglu are options, off by default, measured against the
-default the same way. Block sizes of the kernels can be
+flags; spec.py declares them and which needs which) measure each piece alone; --rope-in-attention
+and the recomputations (--recompute-norm, --recompute-rope, --recompute-swiglu) are options,
+off by default, measured against the default the same way. Block sizes of the kernels can be
 forced for an exercise, e.g.
 V3_ATTN_FWD_CONFIG="BLOCK_M=64,BLOCK_N=32,num_warps=4" - see the top of
 kernels/configs.py; the results JSON records any forced configuration.
@@ -113,6 +115,7 @@ class Kernels:
     recompute_rope: bool
     triton_swiglu: bool
     recompute_swiglu: bool
+    recompute_norm: bool
     fused_linear_ce: bool
 
     @property
@@ -160,9 +163,13 @@ class TritonAttention(v2.Attention):
     def forward(self, x, cos, sin):
         if not self.triton_rope:
             return super().forward(x, cos, sin)
-        B, T, _ = x.shape
+        return self.from_qkv(F.linear(x, self.qkv_proj.weight), cos, sin)
+
+    def from_qkv(self, qkv, cos, sin):
+        """The rest of forward, from the QKV GEMM's output (B, T, all heads * head_dim)."""
+        B, T, _ = qkv.shape
         H, H_kv = self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, self.qkv_proj.weight).view(B, T, H + 2 * H_kv, self.head_dim)
+        qkv = qkv.view(B, T, H + 2 * H_kv, self.head_dim)
         if self.fused_qkv_grad and not self.rope_in_attention:
             # RoPE + attention on qkv itself; the backward writes qkv's gradient whole
             out = kernels.qkv_attention(qkv, cos, sin, H, recompute_rope=self.recompute_rope)
@@ -186,15 +193,18 @@ class TritonSwiGLU(v2.SwiGLU):
     gate/up GEMM's output; the backward kernel writes that output's gradient whole."""
 
     def forward(self, x):
-        return self.down_proj(kernels.swiglu(F.linear(x, self.gate_up_proj.weight)))
+        return self.from_gate_up(F.linear(x, self.gate_up_proj.weight))
+
+    def from_gate_up(self, gate_up):
+        """The rest of forward, from the gate/up GEMM's output."""
+        return self.down_proj(kernels.swiglu(gate_up))
 
 
 class RecomputingSwiGLU(TritonSwiGLU):
     """TritonSwiGLU whose silu(gate) * up is rebuilt in the backward (--recompute-swiglu):
     the down projection runs inside kernels.swiglu_linear, so autograd never keeps its input."""
 
-    def forward(self, x):
-        gate_up = F.linear(x, self.gate_up_proj.weight)
+    def from_gate_up(self, gate_up):
         return kernels.swiglu_linear(gate_up, self.down_proj.weight)
 
 
@@ -209,14 +219,28 @@ class ResidualNormBlock(v2.Block):
         return x, self.mlp(h)
 
 
+class RecomputingNormBlock(ResidualNormBlock):
+    """ResidualNormBlock whose norm outputs are rebuilt in the backward (--recompute-norm):
+    each norm runs with the GEMM after it (the QKV, the gate/up) in kernels.add_rms_norm_linear,
+    so autograd never keeps the norm's output."""
+
+    def forward(self, x, delta, cos, sin):
+        attn, mlp = self.attn, self.mlp
+        x, qkv = kernels.add_rms_norm_linear(x, delta, self.attn_norm.weight,
+                                             attn.qkv_proj.weight, self.attn_norm.eps)
+        x, gate_up = kernels.add_rms_norm_linear(x, attn.from_qkv(qkv, cos, sin), self.mlp_norm.weight,
+                                                 mlp.gate_up_proj.weight, self.mlp_norm.eps)
+        return x, mlp.from_gate_up(gate_up)
+
+
 class ResidualNormLlama(v2.TinyLlama):
     """V2's model (same modules, same parameter names) built of ResidualNormBlocks;
     the final norm adds the last block's output. With --fused-linear-ce, forward(ids,
     targets) returns the mean loss, computed with the output layer a chunk of rows at a
     time (the harness passes the targets to a model with loss_in_forward set)."""
 
-    def __init__(self, *args, fused_linear_ce: bool = False, **parts):
-        super().__init__(*args, **{**parts, "block": ResidualNormBlock})
+    def __init__(self, *args, fused_linear_ce: bool = False, block=ResidualNormBlock, **parts):
+        super().__init__(*args, block=block, **parts)
         self.loss_in_forward = fused_linear_ce
 
     def forward(self, ids, targets=None):
@@ -259,7 +283,9 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
            else v2.SwiGLU)
     parts = dict(attention=attention, norm=norm, mlp=mlp)
     if use.fused_residual_norm:
-        model = ResidualNormLlama(config, fusions, fused_linear_ce=use.fused_linear_ce, **parts)
+        block = RecomputingNormBlock if use.recompute_norm else ResidualNormBlock
+        model = ResidualNormLlama(config, fusions, fused_linear_ce=use.fused_linear_ce,
+                                  block=block, **parts)
     else:
         model = v2.TinyLlama(config, fusions, **parts)
     if any_kernel:

@@ -11,8 +11,10 @@
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
                         kernels write in one piece (no new kernel)
     swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient
-                        written in one piece (swiglu_linear: with the down projection,
-                        recomputed in the backward instead of kept)
+                        written in one piece
+    recompute.py        a kernel and the GEMM after it in one autograd step that rebuilds
+                        the GEMM's input in the backward instead of keeping it (the norms,
+                        SwiGLU): memory for one more launch
     linear_cross_entropy.py  the output layer and the loss a chunk of rows at a time:
                         the (rows, vocab) logits never exist whole
     attention_tables.py flash attention's candidate launch configurations per GPU
@@ -38,4 +40,5 @@ from .qkv_attention import qkv_attention  # noqa: F401
 from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401
                       rms_norm, rmsnorm_backward, rmsnorm_forward)
 from .rope import rope, rope_forward  # noqa: F401
-from .swiglu import swiglu, swiglu_backward, swiglu_forward, swiglu_linear  # noqa: F401
+from .swiglu import swiglu, swiglu_backward, swiglu_forward  # noqa: F401
+from .recompute import add_rms_norm_linear, swiglu_linear  # noqa: F401

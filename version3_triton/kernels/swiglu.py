@@ -9,11 +9,8 @@ gate/up GEMM's gradient (a zero-filled buffer per half, two copies, an add). Her
 forward reads the GEMM's output directly, and the backward writes that gradient whole,
 [d gate | d up], in the same pass - recomputing sigmoid(gate) rather than storing it.
 
-swiglu_linear goes one step further (--recompute-swiglu): with the down projection in the
-same autograd step, silu(gate) * up - the down projection's input, which autograd would
-keep until the backward for the weight gradient - is not kept at all; the backward runs
-the forward kernel again on the gate/up output (kept anyway) to rebuild it. One (rows, ffn)
-tensor less per block for one more elementwise kernel per backward.
+recompute.py's swiglu_linear goes one step further (--recompute-swiglu): silu(gate) * up
+is not kept for the down projection's backward at all.
 
     s = sigmoid(g)      y = g * s * u
     d g = dy * u * s * (1 + g * (1 - s))       d u = dy * g * s
@@ -142,38 +139,6 @@ class SwiGLUFunction(torch.autograd.Function):
     def backward(ctx, grad_y):
         backward = _backward_op if common.through_operators() else swiglu_backward
         return backward(grad_y, *ctx.saved_tensors)
-
-
-class SwiGLULinearFunction(torch.autograd.Function):
-    """down(silu(gate) * up) given the down projection's weight in the GEMM's dtype; keeps
-    the gate/up output and that weight, and rebuilds silu(gate) * up in the backward."""
-
-    @staticmethod
-    def forward(ctx, gate_up, weight):
-        ctx.save_for_backward(gate_up, weight)
-        forward = _forward_op if common.through_operators() else swiglu_forward
-        return F.linear(forward(gate_up).to(weight.dtype), weight)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        operators = common.through_operators()
-        gate_up, weight = ctx.saved_tensors
-        h = (_forward_op if operators else swiglu_forward)(gate_up).to(weight.dtype)  # rebuilt
-        # the two GEMMs of the down projection's backward, as autograd runs them
-        d_weight = grad_out.reshape(-1, weight.shape[0]).t().mm(h.reshape(-1, weight.shape[1]))
-        del h  # before the SwiGLU gradient is allocated: no more alive at once than without
-        d_gate_up = (_backward_op if operators else swiglu_backward)(grad_out.matmul(weight), gate_up)
-        return d_gate_up, d_weight
-
-
-def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(swiglu(gate_up), weight): the MLP's down projection of silu(gate) * up,
-    which is recomputed in the backward instead of kept for it. Same maths and the same
-    GEMMs as the two calls: weight (out, ffn) is cast to the GEMM's dtype (autocast's, else
-    gate_up's) as autocast casts it, outside the Function, so autograd casts its gradient back."""
-    device = gate_up.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else gate_up.dtype
-    return common.apply(SwiGLULinearFunction, gate_up, weight.to(dtype))
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
