@@ -158,10 +158,14 @@ def cmd_memory(args) -> int:
         return 0
     from harness.config import PRESETS
     device = "cpu" if args.device == "cpu" else "cuda"
+    switches = {name.removeprefix("no-").replace("-", "_"): not name.startswith("no-")
+                for name in args.switch}
     pred = memory.predict_preset(args.preset, args.version, args.batch_size, args.seq_len,
-                                 args.precision, args.grad_checkpoint, device)
+                                 args.precision, args.grad_checkpoint, device, switches,
+                                 args.optimizer)
+    extras = "".join(f" --{name}" for name in args.switch)
     print(f"{args.version} {args.preset} {args.precision}"
-          f"{' +grad-checkpoint' if args.grad_checkpoint else ''}: predicted peak "
+          f"{' +grad-checkpoint' if args.grad_checkpoint else ''}{extras}: predicted peak "
           f"{pred.peak_mib:,.0f} MiB at '{pred.moment}'")
     print(text_table(memory.breakdown_table(pred), {"MiB": ",.1f"}))
     if args.trace:
@@ -299,6 +303,11 @@ def build_parser() -> OneLineParser:
     m.add_argument("--seq-len", type=_positive)
     m.add_argument("--precision", choices=tuple(PRECISIONS), default="bf16")
     m.add_argument("--grad-checkpoint", action="store_true")
+    m.add_argument("--switch", action="append", default=[], metavar="NAME",
+                   help="a switch of --version as its flag without the dashes, e.g. "
+                        "recompute-norm or no-triton-swiglu (repeat for more)")
+    m.add_argument("--optimizer", choices=("default", "foreach", "fused"),
+                   default="default", help="the run's --optimizer")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
                    help="device to predict for (and to --trace on)")
     m.add_argument("--trace", action="store_true",

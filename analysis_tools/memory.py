@@ -540,10 +540,21 @@ def memory_for_results(paths_or_results, out_dir=None, trace: bool = False) -> d
 
 def predict_preset(preset: str, version: str = "v1", batch: int | None = None, seq: int | None = None,
                    precision: str = "bf16", grad_checkpoint: bool = False,
-                   device: str = "cuda") -> Prediction:
+                   device: str = "cuda", switches: dict | None = None,
+                   optimizer: str = "default") -> Prediction:
+    """A preset's peak as `version` would run it with these switches (name -> value, the
+    others at their defaults; settled as the version's command line settles them) and
+    this --optimizer choice."""
     if preset not in PRESETS:
         raise AnalysisError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     p = PRESETS[preset]
-    impl = implementation_for(version, None, {"optimizer": "default"}, device)
+    options = None
+    if switches:
+        try:
+            options = config.load_spec(version).settle(switches)
+        except KeyError as e:
+            raise AnalysisError(f"{e.args[0]} (--switch takes a switch of --version {version}, "
+                                f"as its flag without the dashes)") from None
+    impl = implementation_for(version, options, {"optimizer": optimizer}, device)
     return predict(p.model, batch or p.batch_size, seq or p.seq_len, precision, impl,
                    grad_checkpoint, 1, device)

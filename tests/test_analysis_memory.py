@@ -209,6 +209,30 @@ def test_a_recomputation_saves_what_the_model_says(switch, precision):
     assert measured[False]["weight_copies"] == measured[True]["weight_copies"]
 
 
+def test_the_memory_command_predicts_a_run_with_switches(capsys):
+    """`memory --version v3 --switch NAME`: the peak of the run with that flag, settled as
+    the command line settles it; a switch the version lacks is one line, exit 2."""
+    from analysis_tools.__main__ import main
+
+    def peak(*switches) -> tuple[int, str]:
+        argv = ["memory", "--preset", "large", "--version", "v3"]
+        assert main([*argv, *(a for name in switches for a in ("--switch", name))]) == 0
+        out = capsys.readouterr().out
+        return int(out.split("predicted peak ")[1].split(" MiB")[0].replace(",", "")), out
+
+    p = PRESETS["large"]
+    want = M.predict(p.model, p.batch_size, p.seq_len, "bf16", M.implementation_for(
+        "v3", _options("v3", "--fused-linear-ce", "--recompute-norm"), {"optimizer": "default"},
+        "cuda"), device="cuda")
+    plain = peak()[0]
+    assert peak("fused-linear-ce", "recompute-norm")[0] == round(want.peak_mib) < plain
+    undone, out = peak("recompute-norm", "no-triton-swiglu")  # settled off: nothing saved
+    assert "--recompute-norm --no-triton-swiglu" in out and undone >= plain
+    assert main(["memory", "--version", "v3", "--switch", "fused-everything"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no switch fused_everything" in err
+
+
 def test_the_chunked_loss_is_predicted_without_the_whole_logits():
     """--fused-linear-ce at the large preset: the logits' transients shrink from the whole
     (rows, vocab) in bf16 and fp32 to one chunk, and the rule for a chunk is the kernel's."""

@@ -22,6 +22,18 @@ def test_a_switch_is_on_only_where_everything_it_needs_is_on():
         VersionSpec("vz", "", ("warp-speed",))
 
 
+def test_settled_switches_settle_to_themselves():
+    """The command line settles a run's switches (to record them and check them before the
+    model is built) and build_model settles whatever it is given: switches settled once are
+    settled for good, so the two agree and the rule has one home, VersionSpec.settle."""
+    for name in VERSIONS:
+        spec = load_spec(name)
+        asked = [{}] + [{s.name: not s.default} for s in spec.flags if not s.choices]
+        for switches in asked:
+            settled = spec.settle(switches)
+            assert spec.settle(settled) == settled, (name, switches)
+
+
 def test_every_version_s_spec_matches_its_model():
     """The spec's switches are the model's own: V2's Fusions, V3's Kernels, V4's backends."""
     for name in VERSIONS:
