@@ -63,8 +63,9 @@ class Implementation:
     # silu(gate)*up rebuilt in backward (V3's --recompute-swiglu): the down projection keeps
     # no input; the rebuilt copy is freed before the MLP's activation gradients exist
     swiglu_recompute: bool = False
-    # q, k rotated again in backward (V3's --recompute-rope): attention keeps no rotated copy
-    qk_recompute: bool = False
+    # the rotated q, k: kept for attention's backward; recomputed (rotated again in the
+    # backward: V3's --recompute-rope); on load (the kernels rotate tiles: --rope-in-attention)
+    rotated_qk: str = "kept"
     # each norm's output rebuilt in backward (V3's --recompute-norm): the QKV and gate/up
     # GEMMs keep no input
     norm_recompute: bool = False
@@ -169,7 +170,7 @@ def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
         # A saved view keeps its whole storage alive: v sliced from a fused qkv
         # output keeps all of q, k and v of that projection.
         v = n * (c.num_heads + 2 * c.num_kv_heads) * hd * a if impl.fused_qkv else k
-        if not impl.qk_recompute:
+        if impl.rotated_qk == "kept":
             attn["q, k after RoPE"] = q + k
         attn["v (its whole projection output)" if impl.fused_qkv else "v"] = v
         # Flash kernels write the output as (B, T, heads, hd) in memory, so merging
@@ -281,7 +282,7 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
         q = n * c.num_heads * c.head_dim
         attn_forward = 0
         attn_backward = q * 4 + 3 * q * a                # fp32 dq accumulator, dq/dk/dv
-        if impl.qk_recompute:                            # q and k rotated again, alive throughout
+        if impl.rotated_qk == "recomputed":              # q and k rotated again, alive throughout
             kv_heads = c.num_kv_heads if impl.gqa_native else c.num_heads
             attn_backward += (q + n * kv_heads * c.head_dim) * a
     head_grads = (c.hidden_dim * c.vocab_size + c.hidden_dim) * 4

@@ -144,12 +144,13 @@ V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model
     "--no-fused-rmsnorm": {},  # V3's Triton norm still runs
     "--no-fused-swiglu": {},   # V3's SwiGLU kernel still runs
     "--no-fused-qkv-grad": {}, "--no-fused-residual-norm": {}, "--no-triton-rope": {},
-    "--no-triton-swiglu": {}, "--rope-in-attention": {},  # V2's fused silu_mul saves the same
+    "--no-triton-swiglu": {},  # V2's fused silu_mul saves the same
+    "--rope-in-attention": dict(rotated_qk="on load"),  # the kernels rotate tiles as they load
     # without the one gate+up GEMM the SwiGLU kernel cannot run: V2's fused silu_mul does
     "--no-fused-gate-up --no-fused-swiglu": dict(fused_gate_up=False, fused_swiglu=False),
     "--fused-linear-ce": dict(loss="chunked"),
     "--recompute-swiglu": dict(swiglu_recompute=True),
-    "--recompute-rope": dict(qk_recompute=True),
+    "--recompute-rope": dict(rotated_qk="recomputed"),
     "--recompute-norm": dict(norm_recompute=True),
     # it runs the norm with the GEMM after it, through the SwiGLU and RoPE kernels' modules
     "--recompute-norm --no-triton-swiglu": {},
@@ -184,12 +185,13 @@ def test_every_switch_says_what_it_changes_in_memory_by_the_model_s_own_names():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])  # the interpreter has no bf16 tl.dot
-@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope", "recompute_norm"])
+@pytest.mark.parametrize("switch", ["recompute_swiglu", "recompute_rope", "recompute_norm",
+                                    "rope_in_attention"])
 def test_a_recomputation_saves_what_the_model_says(switch, precision):
     """V3 with --recompute-swiglu keeps one (rows, ffn) tensor less per block, with
-    --recompute-rope no rotated q and k, with --recompute-norm no norm output, as predicted,
-    and the same weight copies: measured with autograd's saved-tensor hooks (the kernels in
-    Triton's interpreter)."""
+    --recompute-rope (or --rope-in-attention, whose kernels rotate tiles as they load them) no
+    rotated q and k, with --recompute-norm no norm output, as predicted, and the same weight
+    copies: measured with autograd's saved-tensor hooks (the kernels in Triton's interpreter)."""
     v3 = load_version("v3")
     ids = torch.randint(0, CFG.vocab_size, (2, 24))
     measured = {}

@@ -15,9 +15,10 @@ KERNELS = (
     # it rotates q and k in the output of the one QKV GEMM; q and k keep their size
     Switch("triton_rope", "RoPE of q and k as one Triton kernel each way", off=FALLS_BACK,
            needs=("fused_qkv",), memory={}),
+    # the kernels rotate each q and k tile as they load it: no rotated copy exists
     Switch("rope_in_attention", "RoPE applied by the attention kernels as they load q and k, "
            "instead of the RoPE kernel's own pass; eager only, see the README", default=False,
-           needs=("triton_attention", "triton_rope"), memory={}),
+           needs=("triton_attention", "triton_rope"), memory={True: {"rotated_qk": "on load"}}),
     # h is stored either way; the add moves into the next norm's kernels
     Switch("fused_residual_norm", "each residual add done by the next RMSNorm's kernels",
            off=FALLS_BACK, needs=("triton_rmsnorm",), memory={}),
@@ -28,7 +29,7 @@ KERNELS = (
     # the rotated q, k not kept for attention's backward: rotated again from the QKV output
     Switch("recompute_rope", "q and k rotated again in backward from the QKV output (kept anyway) "
            "instead of kept rotated: a copy of q and k less per block, one RoPE kernel more per "
-           "backward", default=False, needs=("fused_qkv_grad",), memory={True: {"qk_recompute": True}}),
+           "backward", default=False, needs=("fused_qkv_grad",), memory={True: {"rotated_qk": "recomputed"}}),
     Switch("triton_swiglu", "silu(gate) * up as one Triton kernel each way on the gate/up GEMM's "
            "output, its gradient written whole", off=FALLS_BACK, needs=("fused_gate_up",),
            memory={True: {"fused_swiglu": True}}),
