@@ -82,6 +82,14 @@ torch.utils.flop_counter.register_flop_formula(
     getattr(torch.ops, common.LIBRARY).qkv_attention_backward)(_qkv_backward_flops)
 
 
+def _rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The q and k heads of qkv rotated by RoPE in one kernel: (B, T, n_heads + H_kv, D),
+    as QKVAttention's forward rotates them (for its backward, with recompute_rope)."""
+    H_kv = (qkv.shape[2] - n_heads) // 2
+    rope = _rope_op if common.through_operators() else rope_forward
+    return rope(qkv[:, :, :n_heads + H_kv], cos, sin, False)
+
+
 class QKVAttention(torch.autograd.Function):
     """RoPE + causal flash attention on the QKV GEMM's output; the backward returns the
     QKV gradient as one tensor. Saves what its two parts would: the rotated q and k,
@@ -89,6 +97,7 @@ class QKVAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, cos, sin, n_heads: int, sm_scale: float, recompute_rope: bool):
+        # _rotate's work inline: every frame of an eager call costs the host (test_common.py)
         operators = common.through_operators()
         H_kv = (qkv.shape[2] - n_heads) // 2
         qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
@@ -103,22 +112,16 @@ class QKVAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o):
-        *saved, q, k, v = ctx.saved_tensors
-        if q is None:
-            saved[1], q, k = QKVAttention.rotate_again(*saved, ctx.n_heads)
+        qkv, qk, o, lse, cos, sin, q, k, v = ctx.saved_tensors
+        if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
+            qk = _rotate(qkv, cos, sin, ctx.n_heads)
+            q, k, _ = _split(qkv, qk, ctx.n_heads)
+        saved = (qkv, qk, o, lse, cos, sin)
         if common.through_operators():  # an operator takes tensors, not a tuple of views
-            return (_backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale),
-                    None, None, None, None, None)
-        d_qkv = _backward(grad_o, *saved, ctx.n_heads, ctx.sm_scale, (q, k, v))
+            d_qkv = _backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale)
+        else:
+            d_qkv = _backward(grad_o, *saved, ctx.n_heads, ctx.sm_scale, (q, k, v))
         return d_qkv, None, None, None, None, None
-
-    @staticmethod
-    def rotate_again(qkv, _, o, lse, cos, sin, n_heads: int):
-        """(qk, q, k) as the forward made them, from qkv (recompute_rope)."""
-        H_kv = (qkv.shape[2] - n_heads) // 2
-        rope = _rope_op if common.through_operators() else rope_forward
-        qk = rope(qkv[:, :, :n_heads + H_kv], cos, sin, False)
-        return (qk, *_split(qkv, qk, n_heads)[:2])
 
 
 def qkv_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
