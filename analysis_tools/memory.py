@@ -150,12 +150,18 @@ def _linear_inputs(sh: Shape, copies: int, name: str) -> dict:
     return {f"{name} input, {copies} cast cop{'y' if copies == 1 else 'ies'}": copies * nd * sh.a}
 
 
+def _kv_heads(c: ModelConfig, impl: Implementation) -> int:
+    """Heads of k and v as attention holds them: num_kv_heads where flash attention reads
+    them natively, else repeated to every query head."""
+    return c.num_kv_heads if (impl.gqa_native and impl.attention == "flash") else c.num_heads
+
+
 def block_activations(sh: Shape, impl: Implementation) -> tuple[dict, dict]:
     """Bytes saved for backward by one transformer block: (attention half, MLP half)."""
     c, a, n = sh.cfg, sh.a, sh.n
     nd, hd = n * c.hidden_dim, c.head_dim
     q = n * c.num_heads * hd * a
-    kv_heads = c.num_kv_heads if (impl.gqa_native and impl.attention == "flash") else c.num_heads
+    kv_heads = _kv_heads(c, impl)
     attn = {"block input x (fp32 residual)": nd * 4, **_norm(sh, impl, "attn norm"),
             **({} if impl.norm_recompute else
                _linear_inputs(sh, 1 if impl.fused_qkv else 3, "q/k/v proj"))}
@@ -283,8 +289,7 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
         attn_forward = 0
         attn_backward = q * 4 + 3 * q * a                # fp32 dq accumulator, dq/dk/dv
         if impl.rotated_qk == "recomputed":              # q and k rotated again, alive throughout
-            kv_heads = c.num_kv_heads if impl.gqa_native else c.num_heads
-            attn_backward += (q + n * kv_heads * c.head_dim) * a
+            attn_backward += (q + n * _kv_heads(c, impl) * c.head_dim) * a
     head_grads = (c.hidden_dim * c.vocab_size + c.hidden_dim) * 4
     mlp_grads = (3 * c.hidden_dim * c.ffn_dim + c.hidden_dim) * 4
     # By the softmax backward, P@V's backward has freed P's low-precision copy and
