@@ -17,8 +17,8 @@ calling thread, the garbage collector at fixed steps); one pair of rows shows wh
 autograd engine's worker thread, its default, adds to a backward.
 
 Two tables. The layers of one call: a plain torch op, Triton's own launch, V3's
-bound launch (common.py), the launcher with its output buffers, the torch.library
-operator. Then every V3 operation beside the PyTorch call it replaces in version 4,
+bound launch (common.py), the launcher with its output buffers, without and with its
+launch plan, the torch.library operator. Then every V3 operation beside the PyTorch call it replaces in version 4,
 with the kernels each launches: the forward as a training step runs it (under bf16
 autocast, inputs requiring gradients) and forward + backward through autograd. A V3 row
 names its PyTorch row in "replaces", and costs the host no more when its ratio is <= 1.
@@ -95,6 +95,18 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
         finally:
             common.BIND = bind
 
+    def without_plan(call):  # the launcher's own way, a bound launch keyed by every argument
+        def run():
+            common.USE_PLANS = False
+            try:
+                call()
+            finally:
+                common.USE_PLANS = True
+        return run
+
+    def attention_forward():
+        return tk.attention_forward(q.detach(), k.detach(), v.detach(), 0.125)
+
     def torch_rope(t):  # V4: V2's rotation on the (B, heads, T, D) view
         return v2.apply_rope(t.transpose(1, 2), cos, sin).transpose(1, 2)
 
@@ -148,8 +160,13 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
         ("triton: JIT launch through kernel[grid]", jit_launch, None),
         ("v3: common.launch, bound (CompiledKernel called directly)", v3_launch, None),
         ("v3: common.launch through Triton (V3_JIT_LAUNCH=1)", through_triton, None),
-        ("v3: rmsnorm_forward (+ its output buffer)",
+        ("v3: rmsnorm_forward, bound launch, no plan (+ its output buffer)",
+         without_plan(lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5)), None),
+        ("v3: rmsnorm_forward, its plan replayed (+ its output buffer)",
          lambda: tk.rmsnorm_forward(x.detach(), w.detach(), 1e-5), None),
+        ("v3: attention_forward, bound launch, no plan (+ o and lse)",
+         without_plan(attention_forward), None),
+        ("v3: attention_forward, its plan replayed (+ o and lse)", attention_forward, None),
         ("v3: the torch.library operator (torch.compile's path)",
          lambda: rmsnorm._forward_op(x.detach(), w.detach(), 1e-5), None),
     ]

@@ -94,10 +94,13 @@ def _strides(t: torch.Tensor):
     return t.stride()[:3]  # batch, head, position (the head dim has stride 1)
 
 
+def _tf32(q) -> bool:
+    """fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too."""
+    return q.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
 def _head_meta(q, k, rotate: bool) -> dict:
-    # fp32 inputs: true fp32 ('ieee') unless PyTorch allows TF32 for matmuls too.
-    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return _meta(q.shape[1] // k.shape[1], q.shape[-1], tf32, rotate)
+    return _meta(q.shape[1] // k.shape[1], q.shape[-1], _tf32(q), rotate)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,8 @@
-"""What the kernel families share: the launch and the operator registration (the target
-GPU is target.py, re-exported here). Which launch configuration a kernel may run with on which
-target - the rules, the prune, the forced-config hook - is configs.py; attention's candidate
-lists are attention_tables.py.
+"""What the kernel families share: the launch - bound to the compiled kernel, replayed from
+a launch plan - and the helpers of the launchers (the target GPU is target.py, the operators
+torch.compile sees operators.py, both re-exported here). Which launch configuration a kernel
+may run with on which target - the rules, the prune, the forced-config hook - is configs.py;
+attention's candidate lists are attention_tables.py.
 
 `launch` runs a memory-bound kernel with the one configuration its rule gives (computed
 once per shape), and hands the others (attention) to Triton's autotuner with the
@@ -15,14 +16,16 @@ import functools
 import inspect
 import os
 import sys
-from typing import Optional  # noqa: F401 (define_op's schema reads the launchers' annotations here)
+from typing import Optional
 
 import torch
 import triton
 
-from . import configs
+from . import configs, operators
 from .attention_tables import (ATTENTION_CONFIGS, TUNED_AMD,  # noqa: F401 (re-exported)
                                 attention_configs, attention_warning, config_family)
+from .operators import (LIBRARY, USE_TRITON_OP, define_op,  # noqa: F401 (re-exported)
+                        eager_operators, through_operators)
 from .configs import (SPECS, KernelSpec, candidates, check_config,  # noqa: F401 (re-exported)
                       forced_config, usable_on)
 from .target import (INTERPRET, Target, amd_target, current_target,  # noqa: F401
@@ -77,7 +80,7 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     configuration its autotuner picks; a call like one before runs the kernel that call
     ran, directly. Inside a torch.library.triton_op, wrap_triton lets torch.compile see
     the launch (Inductor then launches the kernel itself)."""
-    if not BIND or (_IN_OPERATOR and USE_TRITON_OP):
+    if not BIND or (operators.IN_OPERATOR and USE_TRITON_OP):
         _launch_through_triton(spec, fn, key, grid, args, constexprs)
         return
     device = torch._C._cuda_getDevice()
@@ -86,12 +89,16 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     if bound is None:
         kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
         _bind(bound_key, spec, fn, kernel, len(args), constexprs)
+        if _RECORDING is not None:
+            _RECORDING.append(None)  # not bound yet: the next call records
         return
     launcher, head, tail, last, _ = bound
     _LAST[spec.name] = last
     g = grid(last[1])
-    launcher(*g, *_GRID_PAD[len(g)], torch._C._cuda_getCurrentRawStream(device), *head,
-             *call_args, *tail)
+    g = (*g, *_GRID_PAD[len(g)])
+    launcher(*g, torch._C._cuda_getCurrentRawStream(device), *head, *call_args, *tail)
+    if _RECORDING is not None:
+        _RECORDING.append((launcher, g, head, args, tail, spec.name, last, device))
 
 
 def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, list]:
@@ -144,6 +151,116 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
     if len(_BOUND) >= _MAX_BOUND:
         _BOUND.clear()
     _BOUND[bound_key] = (launcher, head, tail, (how, config), fn)  # fn: see _bound_key
+
+
+# ---- launch plans -------------------------------------------------------------------------
+# A bound launch still builds its key from every argument, a fraction of a microsecond
+# each, and attention's kernels take 24 to 32 of them. Yet every argument but the tensors'
+# addresses follows from a few facts about the operation's inputs: their shapes, strides
+# and dtypes, the scale, RoPE's tables or none. A launcher that names those facts - its
+# plan key - records its launches the first time they all run bound (`recording`), and
+# every later call with the same plan key replays them (`replay`): the same kernels, grids
+# and arguments, with this call's addresses. The plan key must hold whatever decides a
+# non-address argument, a constexpr or the configuration (the forced configurations'
+# version and the autotune switch included); the addresses' 16-byte alignment, which
+# Triton specialises on, is checked at every replay - a misaligned tensor takes the
+# launcher's own way. A launch given a tensor that is not one of the launcher's named
+# tensors (a contiguous copy it made, say) records no plan: such calls always take the
+# launcher's own way.
+PLANS: dict[tuple, tuple] = {}    # plan key -> (device, aliases, the launches with address slots)
+USE_PLANS = True                   # the host-overhead table switches it to show what plans save
+_RECORDING: Optional[list] = None  # while a launcher records: each launch's arguments
+
+
+def plan_key(name: str, tensors: tuple, *values) -> Optional[tuple]:
+    """The plan key of a call: the launcher's name, its input tensors' shapes, strides,
+    dtypes and devices, the other values it launches by, and what every plan depends on
+    (the current device, the forced configurations, the autotune switch). None where no
+    plan runs: no bound launch here, or inside an operator (wrap_triton launches there)."""
+    if not BIND or not USE_PLANS or operators.IN_OPERATOR:
+        return None
+    key = [name, torch._C._cuda_getDevice(), configs.FORCED_CONFIGS.version, configs.AUTOTUNE,
+           *values]
+    for t in tensors:  # a loop, not a comprehension: no frame of its own (Python < 3.12)
+        key.append(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device()))
+    return tuple(key)
+
+
+def replay(plan_key: tuple, tensors: tuple) -> bool:
+    """Run the launches recorded under plan_key with these tensors (the launcher's named
+    tensors, in its order; None where it has none). False: no plan, or a misaligned tensor."""
+    plan = PLANS.get(plan_key)
+    if plan is None:
+        return False
+    device, same, launches = plan
+    for first, other in same:  # one tensor in two places when recorded (a shared gradient)
+        if tensors[first] is not tensors[other]:
+            return False
+    addresses = []
+    for t in tensors:
+        address = 0 if t is None else t.data_ptr()
+        if address & 15:
+            return False
+        addresses.append(address)
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    for launcher, grid, head, template, slots, tail, name, last in launches:
+        args = template.copy()
+        for at, which in slots:
+            args[at] = addresses[which]
+        launcher(*grid, stream, *head, *args, *tail)
+        _LAST[name] = last
+    return True
+
+
+@contextlib.contextmanager
+def recording(plan_key: tuple, tensors: list):
+    """Record the launches inside as the plan for plan_key, if they all ran bound and every
+    tensor they were given is in `tensors` (which the launcher may fill inside, with the
+    outputs it allocates)."""
+    global _RECORDING
+    if plan_key is None or _RECORDING is not None or len(PLANS) >= _MAX_BOUND:
+        yield
+        return
+    _RECORDING = recorded = []
+    try:
+        yield
+    finally:
+        _RECORDING = None
+    plan = _plan(recorded, tensors)
+    if plan is not None:
+        PLANS[plan_key] = plan
+
+
+def _plan(recorded: list, tensors: list) -> Optional[tuple]:
+    """The recorded launches with each tensor argument replaced by an address slot: the
+    position of that tensor in `tensors` (held alive by `recorded`, so ids are unique)."""
+    where, same = {}, []
+    for i, t in enumerate(tensors):
+        if t is not None:
+            if id(t) in where:  # a replay needs the same tensor in both places again
+                same.append((where[id(t)], i))
+            else:
+                where[id(t)] = i
+    launches, device = [], None
+    for entry in recorded:
+        if entry is None:
+            return None
+        launcher, grid, head, args, tail, name, last, device = entry
+        template, slots = list(args), []
+        for at, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor):
+                if id(arg) not in where or arg.data_ptr() & 15:
+                    return None
+                slots.append((at, where[id(arg)]))
+                template[at] = None  # the plan holds no tensor alive
+        launches.append((launcher, grid, head, template, tuple(slots), tail, name, last))
+    return (device, tuple(same), tuple(launches)) if launches else None
+
+
+def forget_plans() -> None:
+    """Drop every bound launch and plan (tests switch the ways of launching)."""
+    _BOUND.clear()
+    PLANS.clear()
 
 
 # Triton's launcher (kernel.run) is a small Python __call__ around a compiled C function
@@ -217,7 +334,7 @@ def _launch_through_triton(spec: KernelSpec, fn, key: list, grid, args, constexp
     if _TUNED_UNDER.get(spec.name) != knobs:
         tuner.cache.clear()
         _TUNED_UNDER[spec.name] = knobs
-    run = torch.library.wrap_triton(tuner) if _IN_OPERATOR and USE_TRITON_OP else tuner
+    run = torch.library.wrap_triton(tuner) if operators.IN_OPERATOR and USE_TRITON_OP else tuner
     kernel = run[grid](*args, **constexprs)
     how = ("forced" if forced else "autotuned" if configs.AUTOTUNE and not INTERPRET
            else "first candidate")
@@ -238,7 +355,7 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs):
         ruled = _RULED[(spec.name, size, repr(forced))] = (config, tuner)
     config, tuner = ruled
     _LAST[spec.name] = ("forced" if forced else "rule", config)
-    if _IN_OPERATOR and USE_TRITON_OP:
+    if operators.IN_OPERATOR and USE_TRITON_OP:
         return torch.library.wrap_triton(tuner)[grid](*args, **constexprs)
     return fn[grid(config)](*args, **constexprs, **config)
 
@@ -323,74 +440,3 @@ def apply(function, *args):
             or torch._C._are_functorch_transforms_active()):
         return function.apply(*args)
     return _C_APPLY.__get__(None, function)(*args)
-
-
-# ---- operators: what torch.compile sees ---------------------------------------------------
-# Each launcher is also a named operator (torch.ops.tinyllama_v3.*):
-# - torch.library.triton_op (torch >= 2.6, on a GPU): torch.compile traces the
-#   operator's body and finds our kernels in it (launched through wrap_triton),
-#   so Inductor launches them itself - no Python per call, and CUDA graphs can
-#   capture them. Inductor autotunes the candidates (after our prune) while it compiles.
-# - torch.library.custom_op otherwise (older torch, Triton's CPU interpreter):
-#   one opaque node; the compiled code calls back into Python for each one.
-# An operator call costs host time (dispatcher, schema and alias checks: ~100-300
-# us per call measured on an H200 host, torch 2.11), paid by every kernel of every
-# layer, more than the kernels run at the workshop's sizes. So the autograd.Functions
-# of the kernel files go through the operators only while torch.compile traces
-# (torch.compiler.is_compiling()) or inside `eager_operators()`; other eager runs
-# call the Python launchers directly.
-#
-# What sees only operators: FlopCounterMode (torch.utils.flop_counter) counts the
-# operators that carry a FLOP formula (attention's, registered in flash_attention.py);
-# a launcher called directly is invisible to it. The FLOP-counting profiler
-# (`--profile flopcounter`) therefore counts its one step inside `eager_operators()`,
-# which the V3 model offers as `model.flop_counting`.
-LIBRARY = "tinyllama_v3"
-_IN_OPERATOR = False  # True while an operator's body runs: its launches go through wrap_triton
-_EAGER_OPERATORS = 0  # > 0 inside eager_operators(): eager calls go through the operators
-USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
-                 and not INTERPRET)  # wrap_triton cannot run interpreted kernels
-
-
-def define_op(name: str, fn, fake):
-    """Register the launcher `fn` as the operator tinyllama_v3::name."""
-    if hasattr(getattr(torch.ops, LIBRARY), name):  # registered already (module imported twice)
-        return getattr(getattr(torch.ops, LIBRARY), name)
-
-    @functools.wraps(fn)
-    def body(*args, **kwargs):
-        global _IN_OPERATOR
-        outer, _IN_OPERATOR = _IN_OPERATOR, True
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _IN_OPERATOR = outer
-
-    if USE_TRITON_OP:  # its fake is the body itself, run on fake tensors
-        return torch.library.triton_op(f"{LIBRARY}::{name}", mutates_args=())(body)
-    op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(body)
-    op.register_fake(fake)
-    return op
-
-
-def through_operators() -> bool:
-    """Call the operators (torch.compile is tracing, or inside eager_operators()) or the
-    plain launchers (other eager calls)?"""
-    return _EAGER_OPERATORS > 0 or torch.compiler.is_compiling()
-
-
-@contextlib.contextmanager
-def eager_operators():
-    """Route eager calls through the operators while inside, so that tools that watch
-    PyTorch's dispatcher (FlopCounterMode) see the kernels. Same kernels, same results;
-    each call pays the operator's host cost. Nested uses are fine.
-
-        with common.eager_operators(), FlopCounterMode() as counter:
-            loss = model(x).sum(); loss.backward()
-    """
-    global _EAGER_OPERATORS
-    _EAGER_OPERATORS += 1
-    try:
-        yield
-    finally:
-        _EAGER_OPERATORS -= 1

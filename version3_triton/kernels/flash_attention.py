@@ -24,7 +24,8 @@ import triton.language as tl
 
 from . import common
 from .attention_rope import tables
-from .attention_tiles import _LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _load_qk, _strides
+from .attention_tiles import (_LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _load_qk,
+                              _strides, _tf32)
 from .flash_attention_backward import _grads, attention_backward
 from .tiles import load_rows, store_rows
 
@@ -149,17 +150,26 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
                       sin: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal flash attention forward. Returns (o, lse); lse is in log2 units.
     With RoPE tables cos, sin (>= T, D), q and k are rotated as they are loaded."""
+    # A call like an earlier one replays its launch (common.py's launch plans).
+    plan_key = common.plan_key("attn_fwd", (q, k, v, cos, sin), sm_scale, _tf32(q))
+    if plan_key in common.PLANS:
+        o, lse = _outputs(q)
+        if common.replay(plan_key, (q, k, v, o, lse, cos, sin)):
+            return o, lse
     _check_inputs(q, k, v, cos, sin)
+    named = [q, k, v, None, None, cos, sin]
     q, k, v = map(common.last_dim_contiguous, (q, k, v))
     B, H, T, D = q.shape
     o, lse = _outputs(q)
+    named[3:5] = o, lse
     if o.numel():
         cos_, sin_, stride_table = tables(q, cos, sin)
-        common.launch(FWD, _attn_fwd_kernel, TUNING_KEY,
-                      lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
-                      q, k, v, o, lse, cos_, sin_, *_strides(q), *_strides(k), *_strides(v),
-                      *_strides(o), stride_table, H, T, sm_scale * _LOG2_E,
-                      **_head_meta(q, k, cos is not None))
+        with common.recording(plan_key, named):
+            common.launch(FWD, _attn_fwd_kernel, TUNING_KEY,
+                          lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                          q, k, v, o, lse, cos_, sin_, *_strides(q), *_strides(k), *_strides(v),
+                          *_strides(o), stride_table, H, T, sm_scale * _LOG2_E,
+                          **_head_meta(q, k, cos is not None))
     return o, lse
 
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from . import common
 from .attention_rope import tables
 from .attention_tiles import (_LOG2_E, DKDV, DQ, TUNING_KEY, _head_meta, _load_qk, _store_qk_grad,
-                              _strides)
+                              _strides, _tf32)
 from .tiles import load_rows, store_rows
 
 
@@ -231,6 +231,16 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
                             sin: Optional[torch.Tensor] = None) -> None:
     """attention_backward writing into given outputs: dq, dk and dv each a tensor of q's,
     k's, v's shape, or (qkv_like, head0) - see _grad_slot (qkv_attention.py uses it)."""
+    # A call like an earlier one replays its two launches (common.py's launch plans): the
+    # plan key holds every input's layout, each gradient slot's tensor and first head.
+    slots = [g if isinstance(g, tuple) else (g, None) for g in (dq, dk, dv)]
+    named = [grad_o, q, k, v, o, lse, cos, sin, *(tensor for tensor, _ in slots), None]
+    plan_key = common.plan_key("attn_bwd", named[:-1], sm_scale, _tf32(q),
+                               *(head0 for _, head0 in slots))
+    if plan_key in common.PLANS:
+        named[-1] = common.empty_like(lse)
+        if common.replay(plan_key, named):
+            return
     grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
     (B, H, T, D), H_kv = q.shape, k.shape[1]
     (dq, dq_strides, dq_head0), (dk, dk_strides, dk_head0), (dv, dv_strides, dv_head0) = (
@@ -241,14 +251,16 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
         return
     meta = _head_meta(q, k, cos is not None)
     cos, sin, stride_table = tables(q, cos, sin)
-    delta = common.empty_like(lse)  # fp32, one per row like lse: written by the dQ kernel
-    common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
-                  lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
-                  q, k, v, o, grad_o, dq, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                  *_strides(v), *_strides(o), *_strides(grad_o), *dq_strides, stride_table,
-                  H, T, sm_scale, sm_scale * _LOG2_E, **meta)
-    common.launch(DKDV, _attn_bwd_dkdv_kernel, TUNING_KEY,
-                  lambda c: (common.cdiv(T, c["BLOCK_N"]), B * H_kv),
-                  q, k, v, grad_o, dk, dv, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                  *_strides(v), *_strides(grad_o), *dk_strides, *dv_strides, stride_table,
-                  dk_head0, dv_head0, H_kv, T, sm_scale, sm_scale * _LOG2_E, **meta)
+    # fp32, one per row like lse: written by the dQ kernel
+    delta = named[-1] = common.empty_like(lse)
+    with common.recording(plan_key, named):
+        common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
+                      lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                      q, k, v, o, grad_o, dq, lse, delta, cos, sin, *_strides(q), *_strides(k),
+                      *_strides(v), *_strides(o), *_strides(grad_o), *dq_strides, stride_table,
+                      H, T, sm_scale, sm_scale * _LOG2_E, **meta)
+        common.launch(DKDV, _attn_bwd_dkdv_kernel, TUNING_KEY,
+                      lambda c: (common.cdiv(T, c["BLOCK_N"]), B * H_kv),
+                      q, k, v, grad_o, dk, dv, lse, delta, cos, sin, *_strides(q), *_strides(k),
+                      *_strides(v), *_strides(grad_o), *dk_strides, *dv_strides, stride_table,
+                      dk_head0, dv_head0, H_kv, T, sm_scale, sm_scale * _LOG2_E, **meta)

@@ -193,6 +193,12 @@ def _output(x: torch.Tensor, weight: torch.Tensor, out_dtype) -> torch.Tensor:
 def _launch_forward(x, delta, weight, eps, out_dtype):
     """The forward kernel, plain (delta None) or with the residual add. Returns (h, y);
     h is None for the plain norm."""
+    # A call like an earlier one replays its launch (common.py's launch plans).
+    plan_key = common.plan_key("rms_fwd", (x, delta, weight), eps, out_dtype)
+    if plan_key in common.PLANS:
+        y, h = _output(x, weight, out_dtype), None if delta is None else common.empty_like(x)
+        if common.replay(plan_key, (x, delta, weight, h, y)):
+            return h, y
     common.check_device(x)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
@@ -206,10 +212,11 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
                              f"{tuple(x.shape)}")
         (d2, _, stride_delta), h = common.as_rows(delta, n_cols), common.empty_like(x)
     if n_rows:
-        common.launch(FWD, _rmsnorm_fwd_kernel, TUNING_KEY,
-                      lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
-                      x2, d2, weight, h, y, n_rows, n_cols, stride_x, stride_delta, n_cols, eps,
-                      ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
+        with common.recording(plan_key, (x, delta, weight, h, y)):
+            common.launch(FWD, _rmsnorm_fwd_kernel, TUNING_KEY,
+                          lambda c: (common.cdiv(n_rows, c["BLOCK_ROWS"]),),
+                          x2, d2, weight, h, y, n_rows, n_cols, stride_x, stride_delta, n_cols,
+                          eps, ADD_DELTA=d2 is not None, BLOCK_COLS=block_cols)
     return h, y
 
 
@@ -239,27 +246,46 @@ def _programs(x: torch.Tensor, n_rows: int) -> int:
     return max(1, min(n_rows, 4 * _compute_units(x.get_device()) if x.is_cuda else 3))
 
 
+def _backward_buffers(x, delta_dtype) -> tuple:
+    """(dx, its copy in delta_dtype or None, the partial dw rows: one per program)."""
+    n_cols = x.shape[-1]
+    dx = common.empty_like(x)  # contiguous: its rows are n_cols apart
+    ddelta = None if delta_dtype is None else common.empty_like(x, delta_dtype)
+    programs = _programs(x, x.numel() // n_cols if n_cols else 0)
+    return dx, ddelta, common.empty((programs, n_cols), torch.float32, x.device)
+
+
 def _launch_backward(grad_y, grad_h, x, weight, eps, delta_dtype):
     """The backward kernel; grad_h (the residual path's gradient) is added when given, and
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
+    # A call like an earlier one replays its launch (common.py's launch plans).
+    plan_key = common.plan_key("rms_bwd", (grad_y, grad_h, x, weight), eps, delta_dtype)
+    if plan_key in common.PLANS:
+        dx, ddelta, partial = _backward_buffers(x, delta_dtype)
+        if common.replay(plan_key, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
+            return dx, ddelta, _dw(partial, weight)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
     (x2, n_rows, stride_x), (dy2, _, stride_dy) = (common.as_rows(x, n_cols),
                                                    common.as_rows(grad_y, n_cols))
     dh2, _, stride_dh = (None, 0, 0) if grad_h is None else common.as_rows(grad_h, n_cols)
-    dx = common.empty_like(x)  # contiguous: its rows are n_cols apart
-    ddelta = None if delta_dtype is None else common.empty_like(x, delta_dtype)
+    dx, ddelta, partial = _backward_buffers(x, delta_dtype)
     if n_rows == 0:
         return dx, ddelta, torch.zeros_like(weight)
-    programs = _programs(x, n_rows)
-    partial = common.empty((programs, n_cols), torch.float32, x.device)
-    common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
-                  dy2, x2, weight, dh2, dx, ddelta, partial, n_rows, n_cols,
-                  -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols, eps,  # cdiv, inline
-                  ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
-                  BLOCK_COLS=block_cols)
+    programs = partial.shape[0]
+    with common.recording(plan_key, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
+        common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
+                      dy2, x2, weight, dh2, dx, ddelta, partial, n_rows, n_cols,
+                      -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols, eps,  # cdiv
+                      ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
+                      BLOCK_COLS=block_cols)
+    return dx, ddelta, _dw(partial, weight)
+
+
+def _dw(partial: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The weight's gradient: the programs' partial rows summed, in the weight's dtype."""
     dw = partial.sum(dim=0)
-    return dx, ddelta, dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
+    return dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
 
 
 def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,

@@ -1,0 +1,81 @@
+"""The torch.library operators: what torch.compile (and FlopCounterMode) sees of V3's
+launchers, and when an eager call goes through them (kernels/common.py launches)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Optional  # noqa: F401 (define_op's schema reads the launchers' annotations here)
+
+import torch
+
+from .target import INTERPRET
+
+# ---- operators: what torch.compile sees ---------------------------------------------------
+# Each launcher is also a named operator (torch.ops.tinyllama_v3.*):
+# - torch.library.triton_op (torch >= 2.6, on a GPU): torch.compile traces the
+#   operator's body and finds our kernels in it (launched through wrap_triton),
+#   so Inductor launches them itself - no Python per call, and CUDA graphs can
+#   capture them. Inductor autotunes the candidates (after our prune) while it compiles.
+# - torch.library.custom_op otherwise (older torch, Triton's CPU interpreter):
+#   one opaque node; the compiled code calls back into Python for each one.
+# An operator call costs host time (dispatcher, schema and alias checks: ~100-300
+# us per call measured on an H200 host, torch 2.11), paid by every kernel of every
+# layer, more than the kernels run at the workshop's sizes. So the autograd.Functions
+# of the kernel files go through the operators only while torch.compile traces
+# (torch.compiler.is_compiling()) or inside `eager_operators()`; other eager runs
+# call the Python launchers directly.
+#
+# What sees only operators: FlopCounterMode (torch.utils.flop_counter) counts the
+# operators that carry a FLOP formula (attention's, registered in flash_attention.py);
+# a launcher called directly is invisible to it. The FLOP-counting profiler
+# (`--profile flopcounter`) therefore counts its one step inside `eager_operators()`,
+# which the V3 model offers as `model.flop_counting`.
+LIBRARY = "tinyllama_v3"
+IN_OPERATOR = False  # True while an operator's body runs: its launches go through wrap_triton
+_EAGER_OPERATORS = 0  # > 0 inside eager_operators(): eager calls go through the operators
+USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+                 and not INTERPRET)  # wrap_triton cannot run interpreted kernels
+
+
+def define_op(name: str, fn, fake):
+    """Register the launcher `fn` as the operator tinyllama_v3::name."""
+    if hasattr(getattr(torch.ops, LIBRARY), name):  # registered already (module imported twice)
+        return getattr(getattr(torch.ops, LIBRARY), name)
+
+    @functools.wraps(fn)
+    def body(*args, **kwargs):
+        global IN_OPERATOR
+        outer, IN_OPERATOR = IN_OPERATOR, True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            IN_OPERATOR = outer
+
+    if USE_TRITON_OP:  # its fake is the body itself, run on fake tensors
+        return torch.library.triton_op(f"{LIBRARY}::{name}", mutates_args=())(body)
+    op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(body)
+    op.register_fake(fake)
+    return op
+
+
+def through_operators() -> bool:
+    """Call the operators (torch.compile is tracing, or inside eager_operators()) or the
+    plain launchers (other eager calls)?"""
+    return _EAGER_OPERATORS > 0 or torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def eager_operators():
+    """Route eager calls through the operators while inside, so that tools that watch
+    PyTorch's dispatcher (FlopCounterMode) see the kernels. Same kernels, same results;
+    each call pays the operator's host cost. Nested uses are fine.
+
+        with common.eager_operators(), FlopCounterMode() as counter:
+            loss = model(x).sum(); loss.backward()
+    """
+    global _EAGER_OPERATORS
+    _EAGER_OPERATORS += 1
+    try:
+        yield
+    finally:
+        _EAGER_OPERATORS -= 1
