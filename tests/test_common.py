@@ -173,8 +173,8 @@ class FakeBoundLaunches:
         self.calls.append(("launch", spec.name, [a.data_ptr() if isinstance(a, torch.Tensor) else a
                                                  for a in args]))
         if common._RECORDING is not None:
-            common._RECORDING.append((self.replayed, (1, 1, 1), ("head",), args, ("tail",),
-                                      spec.name, ("rule", {}), 0))
+            common._record((self.replayed, (1, 1, 1), ("head",), args, ("tail",), spec.name,
+                            ("rule", {}), 0))
 
     def replayed(self, *launch_args):
         grid, stream, head, args, tail = (launch_args[:3], launch_args[3], launch_args[4],
@@ -298,6 +298,21 @@ def test_a_replay_refuses_a_misaligned_tensor_or_a_broken_alias(fake_bound):
     attention_backward_into(grad_o, q, k, v, o, lse, 0.25, (torch.empty(1, 16, 6, 16), 0),
                             (torch.empty(1, 16, 6, 16), 4), (d_qkv, 6), cos, sin)
     assert [kind for kind, *_ in fake_bound.take()] == ["launch", "launch"]
+
+
+def test_a_plan_records_only_its_own_threads_launches(fake_bound):
+    """A launch another thread makes while a launcher records is not part of its plan."""
+    import threading
+
+    x, y, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    key = common.plan_key("rms_fwd", (x, None, w), 1e-5, None)
+    other = threading.Thread(target=rmsnorm.rmsnorm_forward, args=(y, w, 1e-5))
+    with common.recording(key, (x, None, w)):
+        other.start()
+        other.join()
+        common.launch(rmsnorm.FWD, None, None, None, x, w)
+    device, same, launches = common.PLANS[key]
+    assert len(launches) == 1 and launches[0][4] == ((0, 0), (1, 2))  # x and w, not y
 
 
 # ---- the eager path's depth --------------------------------------------------------------

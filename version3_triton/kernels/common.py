@@ -16,6 +16,7 @@ import functools
 import inspect
 import os
 import sys
+import threading
 from typing import Optional
 
 import torch
@@ -90,7 +91,7 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
         kernel = _launch_through_triton(spec, fn, key, grid, args, constexprs)
         _bind(bound_key, spec, fn, kernel, len(args), constexprs)
         if _RECORDING is not None:
-            _RECORDING.append(None)  # not bound yet: the next call records
+            _record(None)  # not bound yet: the next call records
         return
     launcher, head, tail, last, _ = bound
     _LAST[spec.name] = last
@@ -98,7 +99,7 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     g = (*g, *_GRID_PAD[len(g)])
     launcher(*g, torch._C._cuda_getCurrentRawStream(device), *head, *call_args, *tail)
     if _RECORDING is not None:
-        _RECORDING.append((launcher, g, head, args, tail, spec.name, last, device))
+        _record((launcher, g, head, args, tail, spec.name, last, device))
 
 
 def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, list]:
@@ -164,12 +165,12 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
 # non-address argument, a constexpr or the configuration (the forced configurations'
 # version and the autotune switch included); the addresses' 16-byte alignment, which
 # Triton specialises on, is checked at every replay - a misaligned tensor takes the
-# launcher's own way. A launch given a tensor that is not one of the launcher's named
-# tensors (a contiguous copy it made, say) records no plan: such calls always take the
-# launcher's own way.
+# launcher's own way, as does every call whose launches were given a tensor the launcher
+# does not name (a contiguous copy it made, say): those record no plan.
 PLANS: dict[tuple, tuple] = {}    # plan key -> (device, aliases, the launches with address slots)
 USE_PLANS = True                   # the host-overhead table switches it to show what plans save
 _RECORDING: Optional[list] = None  # while a launcher records: each launch's arguments
+_RECORDER = 0                      # the thread that records (another thread's launches are its own)
 
 
 def plan_key(name: str, tensors: tuple, *values) -> Optional[tuple]:
@@ -217,18 +218,25 @@ def recording(plan_key: tuple, tensors: list):
     """Record the launches inside as the plan for plan_key, if they all ran bound and every
     tensor they were given is in `tensors` (which the launcher may fill inside, with the
     outputs it allocates)."""
-    global _RECORDING
+    global _RECORDING, _RECORDER
     if plan_key is None or _RECORDING is not None or len(PLANS) >= _MAX_BOUND:
         yield
         return
-    _RECORDING = recorded = []
+    _RECORDER, _RECORDING = threading.get_ident(), []
+    recorded = _RECORDING  # (the name outlives the global, reset below)
     try:
         yield
     finally:
         _RECORDING = None
-    plan = _plan(recorded, tensors)
-    if plan is not None:
+    if (plan := _plan(recorded, tensors)) is not None:
         PLANS[plan_key] = plan
+
+
+def _record(launch: Optional[tuple]) -> None:
+    """Add a launch (None: one that did not run bound) to the plan being recorded, if this
+    thread is the one recording it."""
+    if threading.get_ident() == _RECORDER:
+        _RECORDING.append(launch)
 
 
 def _plan(recorded: list, tensors: list) -> Optional[tuple]:
