@@ -96,10 +96,10 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     launcher, head, tail, last, _ = bound
     _LAST[spec.name] = last
     g = grid(last[1])
-    g = (*g, *_GRID_PAD[len(g)])
-    launcher(*g, torch._C._cuda_getCurrentRawStream(device), *head, *call_args, *tail)
+    launcher(*g, *_GRID_PAD[len(g)], torch._C._cuda_getCurrentRawStream(device), *head,
+             *call_args, *tail)
     if _RECORDING is not None:
-        _record((launcher, g, head, args, tail, spec.name, last, device))
+        _record((launcher, (*g, *_GRID_PAD[len(g)]), head, args, tail, spec.name, last, device))
 
 
 def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, list]:
@@ -187,12 +187,10 @@ def plan_key(name: str, tensors: tuple, *values) -> Optional[tuple]:
     return tuple(key)
 
 
-def replay(plan_key: tuple, tensors: tuple) -> bool:
-    """Run the launches recorded under plan_key with these tensors (the launcher's named
-    tensors, in its order; None where it has none). False: no plan, or a misaligned tensor."""
-    plan = PLANS.get(plan_key)
-    if plan is None:
-        return False
+def replay(plan: tuple, tensors) -> bool:
+    """Run the launches of a plan (PLANS[its plan key]) with these tensors (the launcher's
+    named tensors, in its order; None where it has none). False: a misaligned tensor, or
+    one tensor recorded in two places that are two tensors now."""
     device, same, launches = plan
     for first, other in same:  # one tensor in two places when recorded (a shared gradient)
         if tensors[first] is not tensors[other]:

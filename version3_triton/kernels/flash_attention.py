@@ -152,9 +152,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     With RoPE tables cos, sin (>= T, D), q and k are rotated as they are loaded."""
     # A call like an earlier one replays its launch (common.py's launch plans).
     plan_key = common.plan_key("attn_fwd", (q, k, v, cos, sin), sm_scale, _tf32(q))
-    if plan_key in common.PLANS:
+    if (plan := common.PLANS.get(plan_key)) is not None:
         o, lse = _outputs(q)
-        if common.replay(plan_key, (q, k, v, o, lse, cos, sin)):
+        if common.replay(plan, (q, k, v, o, lse, cos, sin)):
             return o, lse
     _check_inputs(q, k, v, cos, sin)
     named = [q, k, v, None, None, cos, sin]

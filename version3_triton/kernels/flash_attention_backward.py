@@ -237,9 +237,9 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
     named = [grad_o, q, k, v, o, lse, cos, sin, *(tensor for tensor, _ in slots), None]
     plan_key = common.plan_key("attn_bwd", named[:-1], sm_scale, _tf32(q),
                                *(head0 for _, head0 in slots))
-    if plan_key in common.PLANS:
+    if (plan := common.PLANS.get(plan_key)) is not None:
         named[-1] = common.empty_like(lse)
-        if common.replay(plan_key, named):
+        if common.replay(plan, named):
             return
     grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
     (B, H, T, D), H_kv = q.shape, k.shape[1]

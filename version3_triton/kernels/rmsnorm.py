@@ -195,9 +195,9 @@ def _launch_forward(x, delta, weight, eps, out_dtype):
     h is None for the plain norm."""
     # A call like an earlier one replays its launch (common.py's launch plans).
     plan_key = common.plan_key("rms_fwd", (x, delta, weight), eps, out_dtype)
-    if plan_key in common.PLANS:
+    if (plan := common.PLANS.get(plan_key)) is not None:
         y, h = _output(x, weight, out_dtype), None if delta is None else common.empty_like(x)
-        if common.replay(plan_key, (x, delta, weight, h, y)):
+        if common.replay(plan, (x, delta, weight, h, y)):
             return h, y
     common.check_device(x)
     n_cols = x.shape[-1]
@@ -260,9 +260,9 @@ def _launch_backward(grad_y, grad_h, x, weight, eps, delta_dtype):
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     # A call like an earlier one replays its launch (common.py's launch plans).
     plan_key = common.plan_key("rms_bwd", (grad_y, grad_h, x, weight), eps, delta_dtype)
-    if plan_key in common.PLANS:
+    if (plan := common.PLANS.get(plan_key)) is not None:
         dx, ddelta, partial = _backward_buffers(x, delta_dtype)
-        if common.replay(plan_key, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
+        if common.replay(plan, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
             return dx, ddelta, _dw(partial, weight)
     n_cols = x.shape[-1]
     block_cols = _block_cols(n_cols)
