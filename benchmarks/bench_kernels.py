@@ -243,7 +243,7 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     for name, op, inputs in (
             ("triton", tk.flash_attention, [q, k, v]),
             (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa, [q, k, v]),
-            ("triton, RoPE inside", lambda q, k, v: tk.flash_attention(q, k, v, cos=cos, sin=sin),
+            ("triton, RoPE inside", lambda q, k, v: tk.flash_attention_rope(q, k, v, cos, sin),
              [q, k, v]),
             ("triton, RoPE kernel first", rope_first, [q, k, v]),
             ("on QKV, grad gathered", qkv_gathered, [qkv]),

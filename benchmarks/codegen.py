@@ -28,8 +28,8 @@ reports what the compiler produced - not estimates:
 
 The RMSNorm and RoPE rows use the medium preset's sizes (hidden 1024, 16 + 16 q/k
 heads); attention uses GROUP_SIZE 1 and is compiled both ways, plain and with RoPE
-on load (ROTATE; the rows marked "+rope"). Compiled kernels are cached by Triton
-(~/.triton/cache), so a second run takes seconds.
+on load (attention_rope.py's kernels; the rows marked "+rope"). Compiled kernels are cached
+by Triton (~/.triton/cache), so a second run takes seconds.
 """
 from __future__ import annotations
 
@@ -80,9 +80,13 @@ def gpu_target(name: str):
     return GPUTarget("hip", name, 64)
 
 
-def kernel_fn(kernel: str):
-    """The @triton.jit function (the package exports functions named like the modules)."""
+def kernel_fn(kernel: str, rope: bool = False):
+    """The @triton.jit function (the package exports functions named like the modules);
+    rope: attention's variant that rotates q and k on load."""
     kernel = NORM_SPEC.get(kernel, kernel)
+    if rope:
+        return getattr(importlib.import_module("version3_triton.kernels.attention_rope"),
+                       f"_{kernel}_rope_kernel")
     module, name = {"rmsnorm_fwd": ("rmsnorm", "_rmsnorm_fwd_kernel"),
                     "rmsnorm_bwd": ("rmsnorm", "_rmsnorm_bwd_kernel"),
                     "rope": ("rope", "_rope_kernel"),
@@ -167,9 +171,9 @@ def constexprs_for(job: dict) -> dict:
     if kernel == "rope":
         return dict(INVERSE=False, HALF=width // 2, BLOCK_H=common.next_power_of_2(ROPE_HEADS),
                     BLOCK_HALF=common.next_power_of_2(width // 2))
-    return dict(blocks, GROUP_SIZE=1, HEAD_DIM=width, BLOCK_D=max(16, common.next_power_of_2(width)),
-                DOT_PRECISION="ieee", ROTATE=job["rope"],
-                BLOCK_HALF=max(16, common.next_power_of_2(width // 2)))
+    from version3_triton.kernels.attention_rope import MIN_BLOCK_D
+    return dict(blocks, GROUP_SIZE=1, HEAD_DIM=width, DOT_PRECISION="ieee",
+                BLOCK_D=max(MIN_BLOCK_D if job["rope"] else 16, common.next_power_of_2(width)))
 
 
 def amd_numbers(asm: str, arch: str) -> dict:
@@ -219,7 +223,7 @@ def compile_one(job: dict) -> dict:
     """Compile one job; returns the job with the compiler's numbers (or its error)."""
     import triton
     from triton.compiler import ASTSource
-    fn = kernel_fn(job["kernel"])
+    fn = kernel_fn(job["kernel"], job.get("rope", False))
     constexprs = constexprs_for(job)
     options = {k: v for k, v in job["config"].items() if not k.isupper()}
     if job["target"].startswith("gfx"):

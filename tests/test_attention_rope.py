@@ -1,4 +1,4 @@
-"""RoPE on load: flash_attention(q, k, v, cos=cos, sin=sin) rotates q and k inside
+"""RoPE on load: flash_attention_rope(q, k, v, cos, sin) rotates q and k inside
 the attention kernels, forward and backward, so the model needs no RoPE pass.
 
 What it must compute: kernels/rope.py's reference rotation, then attention - checked
@@ -53,7 +53,7 @@ def split_heads(qkv, heads, kv_heads):
 
 
 def fused(qkv, cos, sin, heads, kv_heads):
-    return tk.flash_attention(*split_heads(qkv, heads, kv_heads), cos=cos, sin=sin)
+    return tk.flash_attention_rope(*split_heads(qkv, heads, kv_heads), cos, sin)
 
 
 def unfused(qkv, cos, sin, heads, kv_heads):
@@ -141,12 +141,10 @@ def test_rope_in_attention_across_several_tiles(monkeypatch):
 def test_rope_tables_are_checked():
     q, k, v = split_heads(qkv_inputs(1, 2, 1, 9, 16)[0], 2, 1)
     cos, sin = tables(16, 9)
-    with pytest.raises(ValueError, match="both RoPE tables"):
-        tk.flash_attention(q, k, v, cos=cos)
-    with pytest.raises(ValueError, match="RoPE wants"):
-        tk.flash_attention(q, k, v, cos=cos[:8], sin=sin[:8])  # shorter than the sequence
-    with pytest.raises(ValueError, match="RoPE wants"):
-        tk.flash_attention(q, k, v, cos=cos[:, :8], sin=sin[:, :8])  # not full width
+    with pytest.raises(ValueError, match="wants an even head_dim and tables"):
+        tk.flash_attention_rope(q, k, v, cos[:8], sin[:8])  # shorter than the sequence
+    with pytest.raises(ValueError, match="wants an even head_dim and tables"):
+        tk.flash_attention_rope(q, k, v, cos[:, :8], sin[:, :8])  # not full width
 
 
 # ---- launch configurations ---------------------------------------------------------
@@ -191,11 +189,11 @@ def counted_flops(fn) -> tuple[dict, int]:
 
 
 def test_rope_in_attention_through_the_operators_and_the_flop_counter():
-    """The operators take the tables; the FLOP count is attention's alone (RoPE's
+    """The variant's operators take the tables; the FLOP count is attention's alone (RoPE's
     multiplies are elementwise: PyTorch counts none for version 2's RoPE either)."""
     counts, forward = counted_flops(fused)
-    assert counts == {"tinyllama_v3.attention_forward": forward,
-                      "tinyllama_v3.attention_backward": 2.5 * forward}
+    assert counts == {"tinyllama_v3.attention_rope_forward": forward,
+                      "tinyllama_v3.attention_rope_backward": 2.5 * forward}
 
 
 def assert_compiles_like_eager(block):
@@ -218,7 +216,7 @@ def assert_compiles_like_eager(block):
 def test_torch_compile_traces_through_rope_in_attention():
     def block(qkv, cos, sin):
         q, k, v = split_heads(qkv * 0.5, 2, 1)
-        return tk.flash_attention(q, k, v, cos=cos, sin=sin)
+        return tk.flash_attention_rope(q, k, v, cos, sin)
 
     assert_compiles_like_eager(block)
 

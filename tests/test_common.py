@@ -210,8 +210,17 @@ def _planned_calls():
         o, lse = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16)
         from version3_triton.kernels.flash_attention_backward import attention_backward_into
         return (lambda: attention_backward_into(grad_o, q, k, v, o, lse, 0.25, (d_qk, 0), (d_qk, 4),
-                                                (d_qkv, 6), cos, sin),
-                (grad_o, qkv, o, lse, d_qk, d_qkv, cos, sin))
+                                                (d_qkv, 6)),
+                (grad_o, qkv, o, lse, d_qk, d_qkv))
+
+    def attention_rope():  # the variant: RoPE's tables follow the plain kernels' arguments
+        (q, k, v), grad = attention_inputs(1, 4, 2, 16, 16)
+        _, cos, sin = rope_inputs(1, 16, 8, 16)
+        o, lse = torch.randn_like(q), torch.randn(1, 4, 16)
+        from version3_triton.kernels import attention_rope as rope
+        return (lambda: (rope.attention_rope_forward(q, k, v, 0.25, cos, sin),
+                         rope.attention_rope_backward(grad, q, k, v, o, lse, 0.25, cos, sin)),
+                (grad, q, k, v, o, lse, cos, sin))
 
     def norm(add):
         x, delta, w, grad = torch.randn(6, 64), torch.randn(6, 64), torch.randn(64), torch.randn(6, 64)
@@ -222,6 +231,7 @@ def _planned_calls():
 
     return {"attention forward": attention, "attention backward": attention_backward,
             "qkv attention backward": qkv_attention_backward,
+            "attention with RoPE on load": attention_rope,
             "rms_norm and add_rms_norm forward": lambda: norm(False),
             "add_rms_norm backward": lambda: norm(True)}
 
@@ -291,12 +301,12 @@ def test_a_replay_refuses_a_misaligned_tensor_or_a_broken_alias(fake_bound):
     make = _planned_calls()["qkv attention backward"]
     make()[0]()
     fake_bound.take()
-    (qkv, cos, sin), grad_o = rope_inputs(1, 16, 8, 16), torch.randn(1, 4, 16, 16)
+    qkv, grad_o = rope_inputs(1, 16, 8, 16)[0], torch.randn(1, 4, 16, 16)
     q, k, v = qkv[:, :, :4].transpose(1, 2), qkv[:, :, 4:6].transpose(1, 2), qkv[:, :, 6:].transpose(1, 2)
     o, lse, d_qkv = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16), torch.empty(1, 16, 8, 16)
     from version3_triton.kernels.flash_attention_backward import attention_backward_into
     attention_backward_into(grad_o, q, k, v, o, lse, 0.25, (torch.empty(1, 16, 6, 16), 0),
-                            (torch.empty(1, 16, 6, 16), 4), (d_qkv, 6), cos, sin)
+                            (torch.empty(1, 16, 6, 16), 4), (d_qkv, 6))
     assert [kind for kind, *_ in fake_bound.take()] == ["launch", "launch"]
 
 

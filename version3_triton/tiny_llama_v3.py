@@ -178,7 +178,7 @@ class TritonAttention(v2.Attention):
             # here: each view is a dispatch and an autograd node the fused path has no use for)
             q, k, v = (t.transpose(1, 2) for t in qkv.split([H, H_kv, H_kv], dim=2))
             if self.rope_in_attention:  # the attention kernels rotate q and k as they load them
-                out = kernels.flash_attention(q, k, v, cos=cos, sin=sin)
+                out = kernels.flash_attention_rope(q, k, v, cos, sin)
             else:
                 qk = kernels.rope(qkv[:, :, :H + H_kv], cos, sin)  # q and k heads, rotated in one kernel
                 out = self.attend(qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v)

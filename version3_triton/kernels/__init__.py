@@ -5,9 +5,9 @@
     rope.py             rotary embedding of q and k, one kernel each way
     flash_attention.py  causal flash attention: online softmax; its backward kernels
                         (recomputing, no T x T matrix) are flash_attention_backward.py,
-                        the q/k tiles and launch configs both share attention_tiles.py,
-                        RoPE on load (--rope-in-attention) attention_rope.py, the masked
-                        row tiles every attention kernel loads and stores tiles.py
+                        the tiles and launch configs both share attention_tiles.py
+    attention_rope.py   RoPE on load (--rope-in-attention): the attention kernels handed
+                        loads that rotate q and k, and stores that unrotate their gradients
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
                         kernels write in one piece (no new kernel)
     swiglu.py           silu(gate) * up on the gate/up GEMM's output, its gradient
@@ -35,6 +35,7 @@ from .attention_tables import attention_warning  # noqa: F401
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, check_config, forced_config,  # noqa: F401
                       read_environment)
 from .flash_attention import attention_backward, attention_forward, flash_attention  # noqa: F401
+from .attention_rope import flash_attention_rope  # noqa: F401
 from .linear_cross_entropy import linear_cross_entropy  # noqa: F401
 from .qkv_attention import qkv_attention  # noqa: F401
 from .rmsnorm import (add_rms_norm, add_rmsnorm_backward, add_rmsnorm_forward,  # noqa: F401

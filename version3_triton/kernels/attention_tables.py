@@ -136,7 +136,7 @@ ATTENTION_CONFIGS["attn_bwd_dkdv"]["cdna2"] = ATTENTION_CONFIGS["attn_bwd_dkdv"]
 # vector cache and costs more: no exception there.
 SPILLS_THAT_PAY = {("sm_90", "attn_bwd_dkdv", 128)}
 
-# RoPE on load (attention_rope.py, ROTATE) keeps a rotated tile's fp32 halves and
+# RoPE on load (attention_rope.py) keeps a rotated tile's fp32 halves and
 # tables in registers too, so some candidates that fit without it spill with it.
 # Where they do, the rotating kernels get a list of their own, per family and head
 # size; everywhere else they share the lists above. Same rule: nothing here spills

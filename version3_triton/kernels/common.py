@@ -58,8 +58,9 @@ POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten ele
 # CompiledKernel API used here - or with V3_JIT_LAUNCH=1, every call goes through
 # Triton's own launch. The direct call skips Triton's launch hooks (its `proton` profiler
 # uses them); PyTorch's profiler, nsys, ncu and rocprof see the kernels either way.
-_TUNERS: dict[str, object] = {}
-_TUNED_UNDER: dict[str, tuple] = {}  # kernel -> the knobs its tuner's choices were made under
+_TUNERS: dict[tuple, object] = {}   # (kernel, its function's name) -> its autotuner (a variant's
+#                                      kernels - RoPE on load - have their own)
+_TUNED_UNDER: dict[tuple, tuple] = {}  # the same key -> the knobs its tuner's choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
 _BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, head, tail, (how, config), fn)
@@ -324,22 +325,23 @@ def _launch_through_triton(spec: KernelSpec, fn, key: list, grid, args, constexp
     the kernel's rule or through its autotuner. Returns the CompiledKernel that ran."""
     if spec.rule is not None:
         return _launch_by_rule(spec, fn, grid, args, constexprs)
-    tuner = _TUNERS.get(spec.name)
+    tuner_key = (spec.name, fn.__name__)
+    tuner = _TUNERS.get(tuner_key)
     if tuner is None:
         target = current_target()
         listed = [configs.triton_config(usable_on(c, target)) for c in spec.configs(target)]
         # The autotuner calls the prune only when it holds more than one config.
         assert len(listed) > 1, f"{spec.name}: give the autotuner two configs or more"
-        tuner = _TUNERS[spec.name] = triton.autotune(
+        tuner = _TUNERS[tuner_key] = triton.autotune(
             listed, key=key,
             prune_configs_by={"early_config_prune": configs.early_prune(spec, target)})(fn)
     # The autotuner remembers its choice per key; changing a forced config or the
     # AUTOTUNE switch in a running Python session empties that memory.
     forced = configs.forced_setting(spec.name)
     knobs = (configs.AUTOTUNE, repr(forced))
-    if _TUNED_UNDER.get(spec.name) != knobs:
+    if _TUNED_UNDER.get(tuner_key) != knobs:
         tuner.cache.clear()
-        _TUNED_UNDER[spec.name] = knobs
+        _TUNED_UNDER[tuner_key] = knobs
     run = torch.library.wrap_triton(tuner) if operators.IN_OPERATOR and USE_TRITON_OP else tuner
     kernel = run[grid](*args, **constexprs)
     how = ("forced" if forced else "autotuned" if configs.AUTOTUNE and not INTERPRET

@@ -1,33 +1,27 @@
 """Causal flash attention: the PyTorch reference, the forward kernel and its launcher,
 the autograd.Function, the operator binding and the public function. The two backward
 kernels are flash_attention_backward.py; the q/k tile loads and launch configurations both
-share are attention_tiles.py, RoPE on load attention_rope.py.
+share are attention_tiles.py. attention_rope.py is a variant: the same kernels, handed
+loads that rotate q and k by RoPE.
 
 softmax(Q K^T / sqrt(D) + causal mask) V, grouped-query heads, without ever writing
 the T x T scores to memory: attention traffic and memory go from O(T^2) to O(T).
 Tiles are *loaded* in the input precision (that is where the memory traffic is);
 every sum, max and exp is fp32 (bf16's 8-bit mantissa would lose the small terms
 of a softmax over 2048 keys); only the tiles that feed the matrix units are cast back.
-
-Given RoPE's tables, the kernels also rotate q and k as they load them (RoPE on
-load, attention_rope.py): the model then needs no RoPE pass of its own, forward or backward.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
-
 import torch
 import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
 from . import common
-from .attention_rope import tables
-from .attention_tiles import (_LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _load_qk,
-                              _strides, _tf32)
+from .attention_tiles import (_LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _strides,
+                              _tf32, load_qk, load_rows, store_rows)
 from .flash_attention_backward import _grads, attention_backward
-from .tiles import load_rows, store_rows
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -65,19 +59,21 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 #   repeated K/V of version 1 are never built.
 # - Head sizes that are not a power of two (e.g. 96) are padded to BLOCK_D in
 #   registers; the padded columns load as zeros and are never stored.
+# - q and k tiles are loaded by LOAD_QK (attention_tiles.py): a plain load here, a
+#   rotating one in attention_rope.py's variant of this kernel.
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d,
-                    lo, hi, qk_scale, N_CTX, COS, SIN, stride_table,
+                    lo, hi, qk_scale, N_CTX, qk_args,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                     ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    ROTATE: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                    LOAD_QK: tl.constexpr):
     """Fold key/value blocks [lo, hi) into the running softmax of one query block."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         # Off-diagonal key blocks lie entirely before this query block, so they
         # are in bounds; only the diagonal block can reach past the sequence end.
-        k = _load_qk(k_base, stride_kt, cols, N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N,
-                     HEAD_DIM, BLOCK_D, BLOCK_HALF, ON_DIAGONAL, ROTATE)
+        k = LOAD_QK(k_base, stride_kt, cols, N_CTX, offs_d, qk_args, BLOCK_N, HEAD_DIM, BLOCK_D,
+                    ON_DIAGONAL)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if ON_DIAGONAL:  # causal mask; it also hides keys past the sequence end
             qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
@@ -93,13 +89,12 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, V, O, LSE, COS, SIN,
-                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-                     stride_table, num_heads, N_CTX, qk_scale,
-                     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     ROTATE: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _attn_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+              stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, num_heads, N_CTX,
+              qk_scale, qk_args, GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, LOAD_QK: tl.constexpr):
+    """One program: one query block of one (batch, head)."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # fp64 when torch.compile launches us (see RMSNorm)
     # Causal: the last query blocks see the most keys. Handing out the
     # blocks last-first starts the long programs early and shortens the tail.
@@ -113,27 +108,39 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, COS, SIN,
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
 
-    q = _load_qk(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, COS, SIN,
-                 stride_table, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
+    q = LOAD_QK(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, qk_args,
+                BLOCK_M, HEAD_DIM, BLOCK_D, True)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = start_m * BLOCK_M
     # Stage 1: key blocks left of the diagonal - no masks.
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
-                                    offs_m, offs_d, 0, diag, qk_scale, N_CTX, COS, SIN,
-                                    stride_table, HEAD_DIM, BLOCK_D, BLOCK_N, False,
-                                    DOT_PRECISION, ROTATE, BLOCK_HALF)
+                                    offs_m, offs_d, 0, diag, qk_scale, N_CTX, qk_args,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION, LOAD_QK)
     # Stage 2: the diagonal block, causal mask on. Every row keeps at least key
     # `diag` (<= its own index), so no row is all -inf and nothing becomes NaN.
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt,
                                     offs_m, offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX),
-                                    qk_scale, N_CTX, COS, SIN, stride_table, HEAD_DIM, BLOCK_D,
-                                    BLOCK_N, True, DOT_PRECISION, ROTATE, BLOCK_HALF)
+                                    qk_scale, N_CTX, qk_args, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+                                    DOT_PRECISION, LOAD_QK)
     o = acc / l_i[:, None]
     store_rows(O + b * stride_ob + h * stride_oh, stride_ot, o.to(O.dtype.element_ty), offs_m,
                N_CTX, offs_d, HEAD_DIM, BLOCK_D)
     tl.store(LSE + pid_bh * N_CTX + offs_m, m_i + tl.log2(l_i), mask=offs_m < N_CTX)
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
+                     stride_kt, stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                     num_heads, N_CTX, qk_scale, GROUP_SIZE: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The forward kernel: q and k tiles loaded as they are."""
+    _attn_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+              stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, num_heads, N_CTX,
+              qk_scale, (), GROUP_SIZE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PRECISION,
+              load_qk)
 
 
 # ---- the forward launcher ------------------------------------------------------------------
@@ -145,66 +152,65 @@ def _outputs(q: torch.Tensor):
     return o, common.empty((B, H, T), torch.float32, q.device)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
-                      cos: Optional[torch.Tensor] = None,
-                      sin: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal flash attention forward. Returns (o, lse); lse is in log2 units.
-    With RoPE tables cos, sin (>= T, D), q and k are rotated as they are loaded."""
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal flash attention forward. Returns (o, lse); lse is in log2 units."""
     # A call like an earlier one replays its launch (common.py's launch plans).
-    plan_key = common.plan_key("attn_fwd", (q, k, v, cos, sin), sm_scale, _tf32(q))
+    plan_key = common.plan_key("attn_fwd", (q, k, v), sm_scale, _tf32(q))
     if (plan := common.PLANS.get(plan_key)) is not None:
         o, lse = _outputs(q)
-        if common.replay(plan, (q, k, v, o, lse, cos, sin)):
+        if common.replay(plan, (q, k, v, o, lse)):
             return o, lse
-    _check_inputs(q, k, v, cos, sin)
-    named = [q, k, v, None, None, cos, sin]
+    return launch_forward(_attn_fwd_kernel, plan_key, q, k, v, sm_scale)
+
+
+def launch_forward(kernel, plan_key, q, k, v, sm_scale: float, extra: tuple = (),
+                   min_block_d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch `kernel`, this file's or a variant's (attention_rope.py), whose arguments
+    after the plain kernel's are `extra` (tensors and their strides), and record its plan."""
+    _check_inputs(q, k, v)
+    named = [q, k, v, None, None, *(t for t in extra if isinstance(t, torch.Tensor))]
     q, k, v = map(common.last_dim_contiguous, (q, k, v))
     B, H, T, D = q.shape
-    o, lse = _outputs(q)
-    named[3:5] = o, lse
+    o, lse = named[3:5] = _outputs(q)
     if o.numel():
-        cos_, sin_, stride_table = tables(q, cos, sin)
         with common.recording(plan_key, named):
-            common.launch(FWD, _attn_fwd_kernel, TUNING_KEY,
-                          lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
-                          q, k, v, o, lse, cos_, sin_, *_strides(q), *_strides(k), *_strides(v),
-                          *_strides(o), stride_table, H, T, sm_scale * _LOG2_E,
-                          **_head_meta(q, k, cos is not None))
+            common.launch(FWD, kernel, TUNING_KEY, lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                          q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+                          H, T, sm_scale * _LOG2_E, *extra, **_head_meta(q, k, min_block_d))
     return o, lse
 
 
 # ---- the operators, autograd and the FLOP count ------------------------------------------
 _forward_op = common.define_op("attention_forward", attention_forward,
-                               lambda q, k, v, sm_scale, cos=None, sin=None: _outputs(q))
-_backward_op = common.define_op(
-    "attention_backward", attention_backward,
-    lambda grad_o, q, k, v, o, lse, sm_scale, cos=None, sin=None: _grads(q, k, v))
+                               lambda q, k, v, sm_scale: _outputs(q))
+_backward_op = common.define_op("attention_backward", attention_backward,
+                                lambda grad_o, q, k, v, o, lse, sm_scale: _grads(q, k, v))
 
 
 class FlashAttention(torch.autograd.Function):
-    """Causal softmax(Q K^T * scale) V with the Triton kernels, RoPE optionally applied
-    to q and k on load; saves only O and LSE (and the tables)."""
+    """Causal softmax(Q K^T * scale) V with the Triton kernels; saves only O and LSE."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sm_scale, cos=None, sin=None):
+    def forward(ctx, q, k, v, sm_scale):
         forward = _forward_op if common.through_operators() else attention_forward
-        o, lse = forward(q, k, v, sm_scale, cos, sin)
-        # No T x T tensor and no rotated q, k: the backward recomputes both.
-        ctx.save_for_backward(q, k, v, o, lse, cos, sin)
+        o, lse = forward(q, k, v, sm_scale)
+        # No T x T tensor: the backward recomputes the scores from q, k and LSE.
+        ctx.save_for_backward(q, k, v, o, lse)
         ctx.sm_scale = sm_scale
         return o
 
     @staticmethod
     def backward(ctx, grad_o):
         backward = _backward_op if common.through_operators() else attention_backward
-        q, k, v, o, lse, cos, sin = ctx.saved_tensors
-        return (*backward(grad_o, q, k, v, o, lse, ctx.sm_scale, cos, sin), None, None, None)
+        return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
 
 
 # FlopCounterMode counts attention as PyTorch counts SDPA (4*B*H*Tq*Tk*D forward,
-# no causal discount, backward 2.5x), so V3 and V4 report the same FLOPs. RoPE on
-# load adds no count: its multiplies are elementwise, and PyTorch counts none for
-# version 2's RoPE either.
+# no causal discount, backward 2.5x), so V3 and V4 report the same FLOPs. The same
+# formulas count the RoPE-on-load variant's operators (attention_rope.py), whose extra
+# arguments - the tables - they ignore: RoPE's multiplies are elementwise, and PyTorch
+# counts none for version 2's RoPE either.
 def _forward_flops(q_shape, k_shape, v_shape=None, sm_scale=None, cos_shape=None,
                    sin_shape=None, *, out_shape=None, **kwargs) -> int:
     b, h, t_q, d = q_shape
@@ -223,19 +229,11 @@ torch.utils.flop_counter.register_flop_formula(_OPS.attention_backward)(_backwar
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    sm_scale: float | None = None, cos: torch.Tensor | None = None,
-                    sin: torch.Tensor | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None) -> torch.Tensor:
     """Causal attention. q: (B, H, T, D); k, v: (B, H_kv, T, D), H % H_kv == 0.
 
     Same result as F.scaled_dot_product_attention(q, k, v, is_causal=True,
     enable_gqa=True). The output is a (B, H, T, D) view of (B, T, H, D) memory.
-
-    cos, sin: RoPE's tables, (>= T, D), full width (cos, cos) / (sin, sin) as
-    version 2 builds them. Given, q and k are rotated inside the kernels (rope.py's
-    maths) before attention, and their gradients are those of the unrotated q, k:
-    flash_attention(q, k, v, cos=cos, sin=sin) computes what
-    flash_attention(rope(q), rope(k), v) does (rope on the (B, T, heads, D) layout),
-    without the RoPE kernel's reads and writes of q and k.
     """
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return common.apply(FlashAttention, q, k, v, scale, cos, sin)
+    return common.apply(FlashAttention, q, k, v, scale)

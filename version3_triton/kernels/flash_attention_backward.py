@@ -1,19 +1,16 @@
 """Causal flash attention, backward: the dQ kernel and the dK/dV kernel, and the
 launcher that runs them (flash_attention.py has the forward, the autograd.Function
-and the operators; attention_tiles.py what both share)."""
+and the operators; attention_tiles.py what both share; attention_rope.py a variant of
+these kernels that rotates q and k by RoPE as it loads them)."""
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from . import common
-from .attention_rope import tables
-from .attention_tiles import (_LOG2_E, DKDV, DQ, TUNING_KEY, _head_meta, _load_qk, _store_qk_grad,
-                              _strides, _tf32)
-from .tiles import load_rows, store_rows
+from .attention_tiles import (_LOG2_E, DKDV, DQ, TUNING_KEY, _head_meta, _strides, _tf32,
+                              load_qk, load_rows, store_dqk, store_rows)
 
 
 # Backward. With S = scale * Q K^T, P = softmax(S), O = P V and dO given:
@@ -30,16 +27,16 @@ from .tiles import load_rows, store_rows
 # change from run to run). The dQ kernel runs first: it loads its
 # rows of dO anyway, so it also computes their delta and stores it for the
 # dK/dV kernel - no separate "preprocess" kernel (one launch less).
-# With RoPE on load, both kernels rotate the q and k tiles they load exactly as the
-# forward did (recomputing is cheaper than storing the rotated q and k), and the
-# store of dQ and dK unrotates them.
+# q and k tiles are loaded by LOAD_QK and dQ, dK stored by STORE_DQK, as in the forward
+# (attention_tiles.py): plain here; in attention_rope.py's variant they rotate the tiles
+# exactly as the forward did (recomputing is cheaper than storing the rotated q and k),
+# and unrotate the gradients.
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                         stride_qt, stride_dot, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
-                         COS, SIN, stride_table,
+                         stride_qt, stride_dot, offs_n, offs_d, lo, hi, qk_scale, N_CTX, qk_args,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                          ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         ROTATE: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                         LOAD_QK: tl.constexpr):
     """Add the contribution of query blocks [lo, hi) to one key block's dK, dV.
 
     Works on transposed tiles (keys along rows) so dK and dV come out as rows.
@@ -48,8 +45,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
     """
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_qk(q_base, stride_qt, offs_m, N_CTX, offs_d, COS, SIN, stride_table, BLOCK_M,
-                     HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
+        q = LOAD_QK(q_base, stride_qt, offs_m, N_CTX, offs_d, qk_args, BLOCK_M, HEAD_DIM, BLOCK_D,
+                    True)
         do = load_rows(do_base, stride_dot, offs_m, N_CTX, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX, other=0.0)
@@ -66,15 +63,15 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
-                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                          stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
-                          stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
-                          stride_table, dk_head0, dv_head0, num_kv_heads, N_CTX, sm_scale, qk_scale,
-                          GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, ROTATE: tl.constexpr,
-                          BLOCK_HALF: tl.constexpr):
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA,
+                   stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                   stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                   stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+                   dk_head0, dv_head0, num_kv_heads, N_CTX, sm_scale, qk_scale, qk_args,
+                   GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   LOAD_QK: tl.constexpr, STORE_DQK: tl.constexpr):
+    """One program: one key block of one (batch, key/value head)."""
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
     start_n = tl.program_id(0)  # low key blocks see the most queries and run first
     pid_bkv = tl.program_id(1)
@@ -83,14 +80,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     # This key/value block stays in registers while every query block streams past.
-    k = _load_qk(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d, COS, SIN,
-                 stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
+    k = LOAD_QK(K + b * stride_kb + kv_h * stride_kh, stride_kt, offs_n, N_CTX, offs_d, qk_args,
+                BLOCK_N, HEAD_DIM, BLOCK_D, True)
     v = load_rows(V + b * stride_vb + kv_h * stride_vh, stride_vt, offs_n, N_CTX, offs_d,
                   HEAD_DIM, BLOCK_D, True)
-    if ROTATE:  # dK as wide as the rotated K: [dy1 | dy2]
-        dk = tl.zeros([BLOCK_N, 2 * BLOCK_HALF], dtype=tl.float32)
-    else:
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     diag = start_n * BLOCK_N
     num_heads = num_kv_heads * GROUP_SIZE
@@ -104,33 +98,49 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COS, SIN,
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
                                       stride_qt, stride_dot, offs_n, offs_d,
                                       diag, tl.minimum(diag + BLOCK_N, N_CTX), qk_scale, N_CTX,
-                                      COS, SIN, stride_table, HEAD_DIM, BLOCK_D, BLOCK_M, True,
-                                      DOT_PRECISION, ROTATE, BLOCK_HALF)
+                                      qk_args, HEAD_DIM, BLOCK_D, BLOCK_M, True, DOT_PRECISION,
+                                      LOAD_QK)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, LSE + row0, DELTA + row0,
                                       stride_qt, stride_dot, offs_n, offs_d,
-                                      diag + BLOCK_N, N_CTX, qk_scale, N_CTX,
-                                      COS, SIN, stride_table, HEAD_DIM, BLOCK_D, BLOCK_M, False,
-                                      DOT_PRECISION, ROTATE, BLOCK_HALF)
+                                      diag + BLOCK_N, N_CTX, qk_scale, N_CTX, qk_args,
+                                      HEAD_DIM, BLOCK_D, BLOCK_M, False, DOT_PRECISION, LOAD_QK)
     dk *= sm_scale  # the chain rule through S = scale * Q K^T
     # dK and dV may be heads of a larger tensor (the QKV gradient), from dk_head0 and dv_head0 on.
-    _store_qk_grad(DK + b * stride_dkb + (dk_head0 + kv_h) * stride_dkh, stride_dkt, dk, offs_n,
-                   N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N, HEAD_DIM, BLOCK_D, BLOCK_HALF,
-                   ROTATE)
+    STORE_DQK(DK + b * stride_dkb + (dk_head0 + kv_h) * stride_dkh, stride_dkt, dk, offs_n, N_CTX,
+              offs_d, qk_args, BLOCK_N, HEAD_DIM, BLOCK_D)
     store_rows(DV + b * stride_dvb + (dv_head0 + kv_h) * stride_dvh, stride_dvt,
                dv.to(DV.dtype.element_ty), offs_n, N_CTX, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
+                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                          stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+                          stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+                          dk_head0, dv_head0, num_kv_heads, N_CTX, sm_scale, qk_scale,
+                          GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
+    """The dK/dV kernel: q and k tiles loaded as they are."""
+    _attn_bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, stride_qb, stride_qh, stride_qt, stride_kb,
+                   stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh,
+                   stride_dot, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh,
+                   stride_dvt, dk_head0, dv_head0, num_kv_heads, N_CTX, sm_scale, qk_scale, (),
+                   GROUP_SIZE, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PRECISION, load_qk,
+                   store_dqk)
+
+
+@triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt,
-                       offs_m, offs_d, lo, hi, qk_scale, N_CTX, COS, SIN, stride_table,
+                       offs_m, offs_d, lo, hi, qk_scale, N_CTX, qk_args,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                        ON_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       ROTATE: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                       LOAD_QK: tl.constexpr):
     """Add the contribution of key blocks [lo, hi) to one query block's dQ."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_qk(k_base, stride_kt, cols, N_CTX, offs_d, COS, SIN, stride_table, BLOCK_N,
-                     HEAD_DIM, BLOCK_D, BLOCK_HALF, ON_DIAGONAL, ROTATE)
+        k = LOAD_QK(k_base, stride_kt, cols, N_CTX, offs_d, qk_args, BLOCK_N, HEAD_DIM, BLOCK_D,
+                    ON_DIAGONAL)
         v = load_rows(v_base, stride_vt, cols, N_CTX, offs_d, HEAD_DIM, BLOCK_D, ON_DIAGONAL)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - lse[:, None])
@@ -143,14 +153,15 @@ def _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
-                        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-                        stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-                        stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
-                        stride_table, num_heads, N_CTX, sm_scale, qk_scale,
-                        GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        ROTATE: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _attn_bwd_dq(Q, K, V, O, DO, DQ, LSE, DELTA,
+                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                 stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                 stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
+                 num_heads, N_CTX, sm_scale, qk_scale, qk_args,
+                 GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 LOAD_QK: tl.constexpr, STORE_DQK: tl.constexpr):
+    """One program: one query block of one (batch, head)."""
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # see RMSNorm
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # long rows first, as in the forward
     pid_bh = tl.program_id(1)
@@ -159,8 +170,8 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
     kv_h = h // GROUP_SIZE
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_qk(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, COS, SIN,
-                 stride_table, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_HALF, True, ROTATE)
+    q = LOAD_QK(Q + b * stride_qb + h * stride_qh, stride_qt, offs_m, N_CTX, offs_d, qk_args,
+                BLOCK_M, HEAD_DIM, BLOCK_D, True)
     do = load_rows(DO + b * stride_dob + h * stride_doh, stride_dot, offs_m, N_CTX, offs_d,
                    HEAD_DIM, BLOCK_D, True)
     lse = tl.load(LSE + pid_bh * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
@@ -170,22 +181,34 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, COS, SIN,
     tl.store(DELTA + pid_bh * N_CTX + offs_m, delta, mask=offs_m < N_CTX)  # for dK/dV
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
-    if ROTATE:  # dQ as wide as the rotated Q: [dy1 | dy2]
-        dq = tl.zeros([BLOCK_M, 2 * BLOCK_HALF], dtype=tl.float32)
-    else:
-        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = start_m * BLOCK_M
     # Stage 1: the diagonal block (mask on). Stage 2: every key block left of it.
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
                             offs_d, diag, tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
-                            COS, SIN, stride_table, HEAD_DIM, BLOCK_D, BLOCK_N, True,
-                            DOT_PRECISION, ROTATE, BLOCK_HALF)
+                            qk_args, HEAD_DIM, BLOCK_D, BLOCK_N, True, DOT_PRECISION, LOAD_QK)
     dq = _attn_bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m,
-                            offs_d, 0, diag, qk_scale, N_CTX, COS, SIN, stride_table,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, False, DOT_PRECISION, ROTATE, BLOCK_HALF)
+                            offs_d, 0, diag, qk_scale, N_CTX, qk_args, HEAD_DIM, BLOCK_D,
+                            BLOCK_N, False, DOT_PRECISION, LOAD_QK)
     dq *= sm_scale
-    _store_qk_grad(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, dq, offs_m, N_CTX, offs_d,
-                   COS, SIN, stride_table, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_HALF, ROTATE)
+    STORE_DQK(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, dq, offs_m, N_CTX, offs_d, qk_args,
+              BLOCK_M, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA,
+                        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                        stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                        stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
+                        num_heads, N_CTX, sm_scale, qk_scale,
+                        GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The dQ kernel: q and k tiles loaded as they are."""
+    _attn_bwd_dq(Q, K, V, O, DO, DQ, LSE, DELTA, stride_qb, stride_qh, stride_qt, stride_kb,
+                 stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_ob, stride_oh,
+                 stride_ot, stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
+                 num_heads, N_CTX, sm_scale, qk_scale, (), GROUP_SIZE, HEAD_DIM, BLOCK_D, BLOCK_M,
+                 BLOCK_N, DOT_PRECISION, load_qk, store_dqk)
 
 
 # ---- the backward launcher -----------------------------------------------------------------
@@ -194,13 +217,11 @@ def _grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 
 def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       o: torch.Tensor, lse: torch.Tensor, sm_scale: float,
-                       cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None
+                       o: torch.Tensor, lse: torch.Tensor, sm_scale: float
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Causal flash attention backward: the dQ kernel, then the dK/dV kernel. With
-    RoPE tables, dq and dk are the gradients of the q and k *before* the rotation."""
+    """Causal flash attention backward: the dQ kernel, then the dK/dV kernel."""
     dq, dk, dv = _grads(q, k, v)
-    attention_backward_into(grad_o, q, k, v, o, lse, sm_scale, dq, dk, dv, cos, sin)
+    attention_backward_into(grad_o, q, k, v, o, lse, sm_scale, dq, dk, dv)
     return dq, dk, dv
 
 
@@ -227,21 +248,34 @@ def _grad_slot(grad, like: torch.Tensor) -> tuple:
 
 def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                             v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, sm_scale: float,
-                            dq, dk, dv, cos: Optional[torch.Tensor] = None,
-                            sin: Optional[torch.Tensor] = None) -> None:
+                            dq, dk, dv) -> None:
     """attention_backward writing into given outputs: dq, dk and dv each a tensor of q's,
     k's, v's shape, or (qkv_like, head0) - see _grad_slot (qkv_attention.py uses it)."""
     # A call like an earlier one replays its two launches (common.py's launch plans): the
     # plan key holds every input's layout, each gradient slot's tensor and first head.
     slots = [g if isinstance(g, tuple) else (g, None) for g in (dq, dk, dv)]
-    named = [grad_o, q, k, v, o, lse, cos, sin, *(tensor for tensor, _ in slots), None]
+    named = [grad_o, q, k, v, o, lse, *(tensor for tensor, _ in slots), None]
     plan_key = common.plan_key("attn_bwd", named[:-1], sm_scale, _tf32(q),
                                *(head0 for _, head0 in slots))
     if (plan := common.PLANS.get(plan_key)) is not None:
-        named[-1] = common.empty_like(lse)
+        named[DELTA_SLOT] = common.empty_like(lse)
         if common.replay(plan, named):
             return
-    grad_o, q, k, v = map(common.last_dim_contiguous, (grad_o, q, k, v))
+    launch_backward((_attn_bwd_dq_kernel, _attn_bwd_dkdv_kernel), plan_key, named, sm_scale,
+                    dq, dk, dv)
+
+
+DELTA_SLOT = 9  # where a backward's `named` tensors hold delta, which the launch allocates
+
+
+def launch_backward(kernels: tuple, plan_key, named: list, sm_scale: float, dq, dk, dv,
+                    extra: tuple = (), min_block_d: int = 16) -> None:
+    """Launch the (dQ, dK/dV) `kernels`, this file's or a variant's (attention_rope.py), whose
+    arguments after the plain kernels' are `extra` (tensors and their strides), and record
+    their plan. named: [grad_o, q, k, v, o, lse, dq, dk, dv tensors, None (delta's place),
+    the variant's tensors]."""
+    grad_o, q, k, v = map(common.last_dim_contiguous, named[:4])
+    o, lse = named[4:6]
     (B, H, T, D), H_kv = q.shape, k.shape[1]
     (dq, dq_strides, dq_head0), (dk, dk_strides, dk_head0), (dv, dv_strides, dv_head0) = (
         _grad_slot(g, t) for g, t in ((dq, q), (dk, k), (dv, v)))
@@ -249,18 +283,16 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
         raise ValueError("dq's slot must start at head 0")
     if q.numel() == 0:
         return
-    meta = _head_meta(q, k, cos is not None)
-    cos, sin, stride_table = tables(q, cos, sin)
+    meta = _head_meta(q, k, min_block_d)
     # fp32, one per row like lse: written by the dQ kernel
-    delta = named[-1] = common.empty_like(lse)
+    delta = named[DELTA_SLOT] = common.empty_like(lse)
     with common.recording(plan_key, named):
-        common.launch(DQ, _attn_bwd_dq_kernel, TUNING_KEY,
-                      lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
-                      q, k, v, o, grad_o, dq, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                      *_strides(v), *_strides(o), *_strides(grad_o), *dq_strides, stride_table,
-                      H, T, sm_scale, sm_scale * _LOG2_E, **meta)
-        common.launch(DKDV, _attn_bwd_dkdv_kernel, TUNING_KEY,
+        common.launch(DQ, kernels[0], TUNING_KEY, lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
+                      q, k, v, o, grad_o, dq, lse, delta, *_strides(q), *_strides(k),
+                      *_strides(v), *_strides(o), *_strides(grad_o), *dq_strides,
+                      H, T, sm_scale, sm_scale * _LOG2_E, *extra, **meta)
+        common.launch(DKDV, kernels[1], TUNING_KEY,
                       lambda c: (common.cdiv(T, c["BLOCK_N"]), B * H_kv),
-                      q, k, v, grad_o, dk, dv, lse, delta, cos, sin, *_strides(q), *_strides(k),
-                      *_strides(v), *_strides(grad_o), *dk_strides, *dv_strides, stride_table,
-                      dk_head0, dv_head0, H_kv, T, sm_scale, sm_scale * _LOG2_E, **meta)
+                      q, k, v, grad_o, dk, dv, lse, delta, *_strides(q), *_strides(k),
+                      *_strides(v), *_strides(grad_o), *dk_strides, *dv_strides,
+                      dk_head0, dv_head0, H_kv, T, sm_scale, sm_scale * _LOG2_E, *extra, **meta)

@@ -102,7 +102,7 @@ class QKVAttention(torch.autograd.Function):
         H_kv = (qkv.shape[2] - n_heads) // 2
         qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
         q, k, v = _split(qkv, qk, n_heads)
-        o, lse = (_forward_op if operators else attention_forward)(q, k, v, sm_scale, None, None)
+        o, lse = (_forward_op if operators else attention_forward)(q, k, v, sm_scale)
         if recompute_rope:  # neither qk nor a view of it: the backward rotates them again
             ctx.save_for_backward(qkv, None, o, lse, cos, sin, None, None, v)
         else:
