@@ -209,8 +209,9 @@ def attention_rope_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
     the q and k *before* the rotation."""
     dq, dk, dv = _grads(q, k, v)
     named = [grad_o, q, k, v, o, lse, dq, dk, dv, None, cos, sin]
-    plan_key = common.plan_key("attn_bwd_rope", named[:DELTA_SLOT] + named[DELTA_SLOT + 1:],
-                               sm_scale, _tf32(q))
+    # the gradients' layouts follow from q's, k's and v's, as in attention_backward
+    plan_key = common.plan_key("attn_bwd_rope", (grad_o, q, k, v, o, lse, cos, sin), sm_scale,
+                               _tf32(q))
     if (plan := common.PLANS.get(plan_key)) is not None:
         named[DELTA_SLOT] = common.empty_like(lse)
         if common.replay(plan, named):
