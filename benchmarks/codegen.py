@@ -171,9 +171,8 @@ def constexprs_for(job: dict) -> dict:
     if kernel == "rope":
         return dict(INVERSE=False, HALF=width // 2, BLOCK_H=common.next_power_of_2(ROPE_HEADS),
                     BLOCK_HALF=common.next_power_of_2(width // 2))
-    from version3_triton.kernels.attention_rope import MIN_BLOCK_D
     return dict(blocks, GROUP_SIZE=1, HEAD_DIM=width, DOT_PRECISION="ieee",
-                BLOCK_D=max(MIN_BLOCK_D if job["rope"] else 16, common.next_power_of_2(width)))
+                BLOCK_D=max(16, common.next_power_of_2(width)))
 
 
 def amd_numbers(asm: str, arch: str) -> dict:

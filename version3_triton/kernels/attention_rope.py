@@ -56,8 +56,7 @@ from .flash_attention_backward import (DELTA_SLOT, _attn_bwd_dkdv, _attn_bwd_dq,
 # just before the store, to the accumulator split back into its halves:
 #     dx1 = dy1*cos + dy2*sin,   dx2 = dy2*cos - dy1*sin.
 # Each half is padded to BLOCK_HALF = BLOCK_D / 2 columns, as BLOCK_D pads a head whose
-# size is not a power of two; the launcher makes BLOCK_D >= 32, so each half is at least
-# 16 wide (the smallest tile the kernels load; tl.dot's smallest depth).
+# size is not a power of two: the joined tile is as wide as a plain one.
 @triton.jit
 def _rotate(base, stride, rows, n_rows, COS, SIN, stride_table, ROWS: tl.constexpr,
                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, CHECK_ROWS: tl.constexpr):
@@ -163,9 +162,6 @@ def _attn_bwd_dkdv_rope_kernel(Q, K, V, DO, DK, DV, LSE, DELTA,
 
 
 # ---- the launchers ---------------------------------------------------------------------------
-MIN_BLOCK_D = 32  # each half of a rotated tile at least 16 wide (see above)
-
-
 def check_tables(q: torch.Tensor, cos, sin) -> None:
     """RoPE's tables as the kernels read them: (>= T, head_dim) on q's device."""
     T, D = q.shape[2:]
@@ -198,7 +194,7 @@ def attention_rope_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm
             return o, lse
     _check_inputs(q, k, v)
     return launch_forward(_attn_fwd_rope_kernel, plan_key, q, k, v, sm_scale,
-                          _tables(q, cos, sin), MIN_BLOCK_D)
+                          _tables(q, cos, sin))
 
 
 def attention_rope_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -217,7 +213,7 @@ def attention_rope_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
         if common.replay(plan, named):
             return dq, dk, dv
     launch_backward((_attn_bwd_dq_rope_kernel, _attn_bwd_dkdv_rope_kernel), plan_key, named,
-                    sm_scale, dq, dk, dv, _tables(q, cos, sin), MIN_BLOCK_D)
+                    sm_scale, dq, dk, dv, _tables(q, cos, sin))
     return dq, dk, dv
 
 

@@ -127,15 +127,13 @@ def _tf32(q) -> bool:
     return q.dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
 
 
-def _head_meta(q, k, min_block_d: int = 16) -> dict:
-    return _meta(q.shape[1] // k.shape[1], q.shape[-1], _tf32(q), min_block_d)
+def _head_meta(q, k) -> dict:
+    return _meta(q.shape[1] // k.shape[1], q.shape[-1], _tf32(q))
 
 
 @functools.lru_cache(maxsize=None)
-def _meta(group_size: int, D: int, tf32: bool, min_block_d: int) -> dict:
+def _meta(group_size: int, D: int, tf32: bool) -> dict:
     """The attention kernels' constexprs, worked out once per kind of call (read-only).
-    BLOCK_D: the head size padded to a power of two, at least 16 (tl.dot's smallest
-    depth) or min_block_d."""
-    return dict(GROUP_SIZE=group_size, HEAD_DIM=D,
-                BLOCK_D=max(min_block_d, common.next_power_of_2(D)),
+    BLOCK_D: the head size padded to a power of two, at least 16 (tl.dot's smallest depth)."""
+    return dict(GROUP_SIZE=group_size, HEAD_DIM=D, BLOCK_D=max(16, common.next_power_of_2(D)),
                 DOT_PRECISION="tf32" if tf32 and common.triton_backend() == "cuda" else "ieee")

@@ -164,8 +164,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return launch_forward(_attn_fwd_kernel, plan_key, q, k, v, sm_scale)
 
 
-def launch_forward(kernel, plan_key, q, k, v, sm_scale: float, extra: tuple = (),
-                   min_block_d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_forward(kernel, plan_key, q, k, v, sm_scale: float,
+                   extra: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch `kernel`, this file's or a variant's (attention_rope.py), whose arguments
     after the plain kernel's are `extra` (tensors and their strides), and record its plan."""
     _check_inputs(q, k, v)
@@ -177,7 +177,7 @@ def launch_forward(kernel, plan_key, q, k, v, sm_scale: float, extra: tuple = ()
         with common.recording(plan_key, named):
             common.launch(FWD, kernel, TUNING_KEY, lambda c: (common.cdiv(T, c["BLOCK_M"]), B * H),
                           q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-                          H, T, sm_scale * _LOG2_E, *extra, **_head_meta(q, k, min_block_d))
+                          H, T, sm_scale * _LOG2_E, *extra, **_head_meta(q, k))
     return o, lse
 
 

@@ -279,7 +279,7 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 
 def launch_backward(kernels: tuple, plan_key, named: list, sm_scale: float, dq, dk, dv,
-                    extra: tuple = (), min_block_d: int = 16) -> None:
+                    extra: tuple = ()) -> None:
     """Launch the (dQ, dK/dV) `kernels`, this file's or a variant's (attention_rope.py), whose
     arguments after the plain kernels' are `extra` (tensors and their strides), and record
     their plan. named: [grad_o, q, k, v, o, lse, dq, dk, dv tensors, None (delta's place),
@@ -293,7 +293,7 @@ def launch_backward(kernels: tuple, plan_key, named: list, sm_scale: float, dq, 
         raise ValueError("dq's slot must start at head 0")
     if q.numel() == 0:
         return
-    meta = _head_meta(q, k, min_block_d)
+    meta = _head_meta(q, k)
     # fp32, one per row like lse: written by the dQ kernel
     delta = named[DELTA_SLOT] = common.empty_like(lse)
     with common.recording(plan_key, named):
