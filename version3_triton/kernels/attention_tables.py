@@ -52,10 +52,12 @@ def cfgs(*rows, **amd) -> list[dict]:
 #   MI200 (gfx90a), MI300X (gfx942), MI350 (gfx950), A100 (sm_80) and H100 (sm_90),
 #   bf16 and fp16, head sizes 64 and 128, and reads registers, spills, LDS and
 #   matrix instructions from the compiler's output. The lists hold what compiles
-#   there without spilling registers to memory (tests/test_codegen.py keeps it so);
-#   a spilled register costs a round trip to memory inside the hot loop. Head size
-#   128 doubles the Q (or K, V) tile and the fp32 accumulator each thread holds, so
-#   its tiles are smaller, or spread over 8 warps.
+#   there without spilling registers to memory (tests/test_codegen.py keeps it so,
+#   with the Triton it runs with: registers depend on the compiler's version - Triton
+#   3.6 spills every head-128 backward tile listed for sm_90 here, 3.9 none but the
+#   dK/dV exception below); a spilled register costs a round trip to memory inside the
+#   hot loop. Head size 128 doubles the Q (or K, V) tile and the fp32 accumulator each
+#   thread holds, so its tiles are smaller, or spread over 8 warps.
 # - NVIDIA: num_stages >= 3 lets Triton prefetch the next K/V tiles into shared
 #   memory while the tensor cores work on the current ones (H100: 227 KiB). A100
 #   (sm_80; also the list of sm_86/sm_89) compiles the same tiles into more
