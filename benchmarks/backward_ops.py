@@ -28,8 +28,8 @@ from version3_triton import kernels as tk  # noqa: E402
 from benchmarks.bench_kernels import full_width_rope_tables  # noqa: E402
 
 # Allocation and bookkeeping every path has (Triton's CPU interpreter adds copies of its own).
-BOOKKEEPING = {"empty", "empty_strided", "new_empty", "set_", "detach", "fill_"} | (
-    {"copy_"} if tk.INTERPRET else set())
+BOOKKEEPING = {"empty", "empty_strided", "new_empty", "new_empty_strided", "set_", "detach",
+               "fill_"} | ({"copy_"} if tk.INTERPRET else set())
 
 
 class Operators(TorchDispatchMode):

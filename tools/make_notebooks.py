@@ -231,7 +231,8 @@ from profiling.sessions import native_stderr_filtered  # drops the profiler's st
 
 NO_WORK = ("view", "reshape", "transpose", "t", "as_strided", "slice", "expand", "split",
            "split_with_sizes", "unsqueeze", "permute", "_unsafe_view", "select", "alias", "detach",
-           "chunk", "empty", "empty_strided", "to", "result_type", "contiguous", "matmul", "linear")
+           "chunk", "empty", "empty_strided", "new_empty_strided", "to", "result_type",
+           "contiguous", "matmul", "linear")
 
 
 def count_ops(model):

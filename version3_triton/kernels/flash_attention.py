@@ -148,7 +148,7 @@ def _outputs(q: torch.Tensor):
     """O is (B, T, H, D) memory seen as (B, H, T, D): the model's reshape to (B, T, H*D)
     is free. Shared by the op and its fake, so both report the same strides."""
     B, H, T, D = q.shape
-    o = common.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), q.dtype, q.device)
+    o = common.empty_strided(q, (B, H, T, D), (T * H * D, D, H * D, 1))
     return o, common.empty((B, H, T), torch.float32, q.device)
 
 
