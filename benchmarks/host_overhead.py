@@ -18,10 +18,11 @@ autograd engine's worker thread, its default, adds to a backward.
 
 Two tables. The layers of one call: a plain torch op, Triton's own launch, V3's
 bound launch (common.py), the launcher with its output buffers, without and with its
-launch plan, the torch.library operator. Then every V3 operation beside the PyTorch call it replaces in version 4,
-with the kernels each launches: the forward as a training step runs it (under bf16
-autocast, inputs requiring gradients) and forward + backward through autograd. A V3 row
-names its PyTorch row in "replaces", and costs the host no more when its ratio is <= 1.
+launch plan, the torch.library operator. Then every V3 operation beside the PyTorch
+call it replaces in version 4, with the kernels each launches: the forward as a training
+step runs it (under bf16 autocast, inputs requiring gradients) and forward + backward
+through autograd. A V3 row names its PyTorch row in "replaces", and costs the host no
+more when its ratio is <= 1.
 
 What a V3 call replaces is what the step would run without it. V3's norms write the bf16
 copy the next GEMM reads (the dtype autocast would cast to); V4's F.rms_norm writes fp32

@@ -58,9 +58,8 @@ POISON_OUTPUTS = False  # tests set True: outputs start as NaN, so unwritten ele
 # CompiledKernel API used here - or with V3_JIT_LAUNCH=1, every call goes through
 # Triton's own launch. The direct call skips Triton's launch hooks (its `proton` profiler
 # uses them); PyTorch's profiler, nsys, ncu and rocprof see the kernels either way.
-_TUNERS: dict[tuple, object] = {}   # (kernel, its function's name) -> its autotuner (a variant's
-#                                      kernels - RoPE on load - have their own)
-_TUNED_UNDER: dict[tuple, tuple] = {}  # the same key -> the knobs its tuner's choices were made under
+_TUNERS: dict[tuple, object] = {}   # (kernel, its jit function's name) -> its autotuner
+_TUNED_UNDER: dict[tuple, tuple] = {}  # the same key -> the knobs its choices were made under
 _LAST: dict[str, tuple] = {}         # kernel -> (how it was chosen, triton.Config)
 _RULED: dict[tuple, tuple] = {}      # (kernel, size, forced setting) -> (config, its one-config tuner)
 _BOUND: dict[tuple, tuple] = {}      # the key above -> (launcher, head, tail, (how, config), fn)
@@ -399,9 +398,8 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def empty_strided(like: torch.Tensor, shape, strides) -> torch.Tensor:
-    """A buffer of like's dtype and device with the given strides: one call, where empty + a
-    transposed view is two (a method of `like`, which parses fewer arguments than
-    torch.empty_strided: a microsecond of host time less)."""
+    """A buffer of like's dtype and device with these strides: one call, where empty + a
+    transposed view is two (like's method parses fewer arguments than torch.empty_strided)."""
     t = like.new_empty_strided(shape, strides)
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
 

@@ -161,14 +161,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         o, lse = _outputs(q)
         if common.replay(plan, (q, k, v, o, lse)):
             return o, lse
+    _check_inputs(q, k, v)
     return launch_forward(_attn_fwd_kernel, plan_key, q, k, v, sm_scale)
 
 
 def launch_forward(kernel, plan_key, q, k, v, sm_scale: float,
                    extra: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch `kernel`, this file's or a variant's (attention_rope.py), whose arguments
-    after the plain kernel's are `extra` (tensors and their strides), and record its plan."""
-    _check_inputs(q, k, v)
+    after the plain kernel's are `extra` (tensors and their strides), and record its plan.
+    The caller has checked q, k and v (_check_inputs)."""
     named = [q, k, v, None, None, *(t for t in extra if isinstance(t, torch.Tensor))]
     q, k, v = map(common.last_dim_contiguous, (q, k, v))
     B, H, T, D = q.shape
