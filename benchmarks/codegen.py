@@ -99,11 +99,12 @@ def kernel_fn(kernel: str, rope: bool = False):
     return getattr(importlib.import_module(f"version3_triton.kernels.{module}"), name)
 
 
-FP32_POINTERS = {"W", "DW_PARTIAL", "LSE", "DELTA", "COS", "SIN", "LOSSES"}
+FP32_POINTERS = {"W", "DW_PARTIAL", "DW", "LSE", "DELTA", "COS", "SIN", "LOSSES"}
 INT64_POINTERS = {"TARGETS"}  # token ids
+INT32_POINTERS = {"TICKETS"}  # counters
 # With the residual add, the norm's input x, its sum h and their gradients are the fp32
 # residual stream; delta (a GEMM's output), y and their gradients are in `dtype`.
-RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "DW_PARTIAL"}
+RESIDUAL_FP32_POINTERS = {"X", "H", "DH", "DX", "W", "DW_PARTIAL", "DW"}
 
 
 def fp32_pointers(kernel: str) -> set:
@@ -118,8 +119,8 @@ def signature(fn, dtype: str, constexprs: dict, fp32: set = FP32_POINTERS) -> di
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.isupper() and name != "N_CTX":  # tensors are the upper-case names
-            sig[name] = ("*i64" if name in INT64_POINTERS else "*fp32" if name in fp32
-                         else f"*{dtype}")
+            sig[name] = ("*i64" if name in INT64_POINTERS else "*i32" if name in INT32_POINTERS
+                         else "*fp32" if name in fp32 else f"*{dtype}")
         elif name in ("eps", "qk_scale", "sm_scale", "grad_scale"):
             sig[name] = "fp32"
         else:
@@ -156,12 +157,13 @@ def constexprs_for(job: dict) -> dict:
     kernel, width, config = job["kernel"], job["width"], job["config"]
     blocks = {k: v for k, v in config.items() if k.isupper()}
     if "rmsnorm" in kernel:  # a switched-off input or output is a None pointer
+        from version3_triton.kernels.row_sums import summing_rows
         add = kernel in NORM_SPEC
         blocks["BLOCK_COLS"] = common.next_power_of_2(width)
         if kernel.endswith("fwd"):
             return dict(blocks, ADD_DELTA=add, **({} if add else dict(DELTA=None, H=None)))
         store = add and job["dtype"] != "fp32"  # delta's gradient in its own (bf16) dtype
-        return dict(blocks, ADD_GRAD=add, STORE_DDELTA=store,
+        return dict(blocks, ADD_GRAD=add, STORE_DDELTA=store, SUM_ROWS=summing_rows(width),
                     **({} if add else dict(DH=None)), **({} if store else dict(DDELTA=None)))
     if kernel.startswith("swiglu"):
         from version3_triton.kernels.swiglu import _block

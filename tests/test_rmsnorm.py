@@ -4,10 +4,12 @@ directly, its launch rule) and the residual add in front of it (add_rms_norm): h
 y = rms_norm(h) * w and the gradients of x, delta and w, with and without a gradient
 arriving at h along the residual path, delta in another dtype than x (the bf16/fp16 branch
 output of an autocast GEMM added to the fp32 residual stream). Outputs start as NaN, so an
-element a kernel forgets to write shows. V3's `--fused-residual-norm` model gives V1's
-logits and V1's gradient for every parameter, as the switch-off model does; through the
-command line the switch is accepted and recorded. On a GPU: bf16/fp16 error at most ~2x
-PyTorch's own.
+element a kernel forgets to write shows. The weight gradient, summed inside the backward
+kernel by the last programs to finish, counts every row once in ragged groups and leaves
+its counters at 0. V3's `--fused-residual-norm` model gives V1's logits and V1's gradient
+for every parameter, as the switch-off model does; through the command line the switch is
+accepted and recorded. On a GPU: bf16/fp16 error at most ~2x PyTorch's own, and the weight
+gradient bitwise the same every run and on two streams at once.
 """
 import json
 
@@ -19,7 +21,7 @@ from test_v3_model import (assert_within_2x, config, errors,  # noqa: F401
                            no_autotuning, results, scales, v1_and_v3)
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+from version3_triton.kernels import common, configs, rmsnorm, row_sums  # noqa: E402
 from kernel_checks import (  # noqa: E402
     NORM_SHAPES, assert_matches, forward_backward, max_error, pytorch_error, rms_norm_reference,
     triton_next_power_of_2)
@@ -244,3 +246,43 @@ def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
     theirs = pytorch_error(rms_norm_reference, [x, w], grad, dtype, reference)
     for name, e_ours, e_theirs in zip(["y", "dx", "dweight"], ours, theirs):
         assert e_ours <= 2 * e_theirs + 1e-6, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
+
+
+# ---- dw summed inside the backward kernel ---------------------------------------------
+@pytest.mark.parametrize("programs", [1, 2, 7, 10], ids=lambda p: f"{p}-programs")
+def test_weight_gradient_sums_every_program_row_in_ragged_groups(monkeypatch, programs):
+    """The last program of each group (groups of ~sqrt(programs), the last one short) sums
+    its group, the last of those sums the groups (row_sums.py): dw counts every row once,
+    and the counters are left at 0 for the next launch."""
+    monkeypatch.setattr(rmsnorm, "_programs", lambda device, n_rows: min(n_rows, programs))
+    x, _, w, _, grad = inputs((23, 48), seed=3)
+    partial, tickets = kept = row_sums.scratch(x, programs, 48)  # one set for every launch
+    assert tickets.numel() == -(-programs // row_sums.group_size(programs)) + 1
+    monkeypatch.setattr(row_sums, "scratch", lambda like, programs, n_cols: kept)
+    for _ in range(2):  # the counters are back at 0, ready for the next launch
+        got = forward_backward(tk.rms_norm, [x, w], grad)
+        assert tickets.eq(0).all()
+        assert_matches(got, forward_backward(rms_norm_reference, [x, w], grad, torch.float64),
+                       2e-5, ["y", "dx", "dweight"])
+
+
+@pytest.mark.gpu
+def test_gpu_weight_gradient_is_the_same_every_run_and_on_two_streams():
+    """Many programs race to draw the last ticket; whoever wins sums the rows in the same
+    order, so dw is bitwise the same every run - also with two streams launching at once,
+    each with its own counters."""
+    x, _, w, _, grad = inputs((4096, 1024), seed=4)
+    x, grad = x.bfloat16(), grad.bfloat16()
+    want = tk.rmsnorm_backward(grad, x, w, 1e-5)[1]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for _ in range(50):
+        got = []
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                got.append(tk.rmsnorm_backward(grad, x, w, 1e-5)[1])
+        torch.cuda.synchronize()
+        for dw in got:
+            assert torch.equal(dw, want)
+    reference = forward_backward(rms_norm_reference, [x.float(), w], grad.float(), torch.float64)
+    assert max_error(want, reference[2]) <= 1e-3 * reference[2].abs().max().item()

@@ -2,6 +2,8 @@
 
     rmsnorm.py          RMSNorm: a memory-bound row reduction, optionally with the
                         residual add in front of it (add_rms_norm)
+    row_sums.py         a sum over every program's row inside the kernel that wrote
+                        them (RMSNorm's weight gradient): tickets, no second launch
     rope.py             rotary embedding of q and k, one kernel each way
     flash_attention.py  causal flash attention: online softmax; its backward kernels
                         (recomputing, no T x T matrix) are flash_attention_backward.py,

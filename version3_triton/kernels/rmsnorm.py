@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common, configs
+from . import common, configs, row_sums
 from .common import Target
 from .configs import KernelSpec
 
@@ -86,10 +86,10 @@ def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, n_rows, n_cols, stride_x, stride_delt
 #   dw = sum over rows of dy * x_hat                (per column)
 # dx is per row, like the forward. dw sums over *all* rows, which many programs
 # share: each program accumulates the rows it owns into a private fp32 partial
-# sum and writes it out; a tiny reduction over programs finishes the job. That
-# is deterministic, unlike atomically adding into one shared dw. The partial
-# sum is kept as a whole tile and summed over its rows only once at the end:
-# element-wise adds in the loop, no cross-thread reduction per step.
+# sum (a whole tile, summed over its rows once at the end: element-wise adds in
+# the loop, no cross-thread reduction per step), and the programs' rows are
+# summed in the same kernel by the last to finish (row_sums.py): deterministic,
+# unlike atomically adding into one shared dw, and no second launch.
 #
 # After a fused add, X is h and a second gradient reaches h along the residual
 # path (DH, from the next layer): ADD_GRAD adds it to dx in registers, so the
@@ -98,10 +98,11 @@ def _rmsnorm_fwd_kernel(X, DELTA, W, H, Y, n_rows, n_cols, stride_x, stride_delt
 # output, an fp32 residual stream), STORE_DDELTA writes that copy from the same
 # registers, a second store instead of a separate cast kernel.
 @triton.jit
-def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_cols,
-                        rows_per_program, stride_dy, stride_x, stride_dh, stride_dx, eps,
-                        ADD_GRAD: tl.constexpr, STORE_DDELTA: tl.constexpr,
-                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, DW, TICKETS, n_rows, n_cols,
+                        rows_per_program, group_size, stride_dy, stride_x, stride_dh, stride_dx,
+                        eps, ADD_GRAD: tl.constexpr, STORE_DDELTA: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+                        SUM_ROWS: tl.constexpr):
     eps = tl.cast(eps, tl.float32)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)[None, :]
@@ -127,7 +128,8 @@ def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, n_rows, n_cols,
             tl.store(DDELTA + rows[:, None] * stride_dx + cols, dx.to(DDELTA.dtype.element_ty),
                      mask=mask)
         dw += dy * x_hat  # rows past the end loaded as zeros and add nothing
-    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw, axis=0)[None, :], mask=cols < n_cols)
+    row_sums.sum_program_rows(tl.sum(dw, axis=0)[None, :], DW_PARTIAL, DW, TICKETS,
+                              group_size, n_cols, cols, SUM_ROWS, BLOCK_COLS)
 
 
 # ---- launch configuration: a rule, not a search ----------------------------------------
@@ -235,57 +237,49 @@ def add_rmsnorm_forward(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     return _launch_forward(x, delta, weight, eps, out_dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def _compute_units(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _programs(x: torch.Tensor, n_rows: int) -> int:
+@functools.lru_cache(maxsize=None)  # a hit costs no Python frame
+def _programs(device: int, n_rows: int) -> int:
     """One wave of programs: ~4 per compute unit, each walking a contiguous chunk of
-    rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100)."""
-    return max(1, min(n_rows, 4 * _compute_units(x.get_device()) if x.is_cuda else 3))
+    rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100). device: the
+    GPU's index, -1 for the CPU (the interpreter: 3, so tests see several)."""
+    units = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else 0
+    return max(1, min(n_rows, 4 * units if device >= 0 else 3))
 
 
-def _backward_buffers(x, delta_dtype) -> tuple:
-    """(dx, its copy in delta_dtype or None, the partial dw rows: one per program)."""
-    n_cols = x.shape[-1]
+def _backward_buffers(x, weight, delta_dtype, programs: int) -> tuple:
+    """(dx, its copy in delta_dtype or None, dw, the partial dw rows, their counters)."""
     dx = common.empty_like(x)  # contiguous: its rows are n_cols apart
     ddelta = None if delta_dtype is None else common.empty_like(x, delta_dtype)
-    programs = _programs(x, x.numel() // n_cols if n_cols else 0)
-    return dx, ddelta, common.empty((programs, n_cols), torch.float32, x.device)
+    return dx, ddelta, common.empty_like(weight), *row_sums.scratch(x, programs, x.shape[-1])
 
 
 def _launch_backward(grad_y, grad_h, x, weight, eps, delta_dtype):
     """The backward kernel; grad_h (the residual path's gradient) is added when given, and
     a copy of the result is stored in delta_dtype when given. Returns (dx, ddelta, dw)."""
     # A call like an earlier one replays its launch (common.py's launch plans).
+    n_cols = x.shape[-1]
+    programs = _programs(x.get_device(), x.numel() // n_cols if n_cols else 0)
     plan_key = common.plan_key("rms_bwd", (grad_y, grad_h, x, weight), eps, delta_dtype)
     if (plan := common.PLANS.get(plan_key)) is not None:
-        dx, ddelta, partial = _backward_buffers(x, delta_dtype)
-        if common.replay(plan, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
-            return dx, ddelta, _dw(partial, weight)
-    n_cols = x.shape[-1]
+        named = (grad_y, grad_h, x, weight, *_backward_buffers(x, weight, delta_dtype, programs))
+        if common.replay(plan, named):
+            return named[4:7]
     block_cols = _block_cols(n_cols)
     (x2, n_rows, stride_x), (dy2, _, stride_dy) = (common.as_rows(x, n_cols),
                                                    common.as_rows(grad_y, n_cols))
     dh2, _, stride_dh = (None, 0, 0) if grad_h is None else common.as_rows(grad_h, n_cols)
-    dx, ddelta, partial = _backward_buffers(x, delta_dtype)
+    named = (grad_y, grad_h, x, weight, *_backward_buffers(x, weight, delta_dtype, programs))
+    dx, ddelta, dw, partial, tickets = named[4:]
     if n_rows == 0:
         return dx, ddelta, torch.zeros_like(weight)
-    programs = partial.shape[0]
-    with common.recording(plan_key, (grad_y, grad_h, x, weight, dx, ddelta, partial)):
+    with common.recording(plan_key, named):
         common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
-                      dy2, x2, weight, dh2, dx, ddelta, partial, n_rows, n_cols,
-                      -(-n_rows // programs), stride_dy, stride_x, stride_dh, n_cols, eps,  # cdiv
-                      ADD_GRAD=dh2 is not None, STORE_DDELTA=ddelta is not None,
-                      BLOCK_COLS=block_cols)
-    return dx, ddelta, _dw(partial, weight)
-
-
-def _dw(partial: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The weight's gradient: the programs' partial rows summed, in the weight's dtype."""
-    dw = partial.sum(dim=0)
-    return dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
+                      dy2, x2, weight, dh2, dx, ddelta, partial, dw, tickets, n_rows, n_cols,
+                      -(-n_rows // programs), row_sums.group_size(programs), stride_dy, stride_x,
+                      stride_dh, n_cols, eps, ADD_GRAD=dh2 is not None,  # (the cdiv above)
+                      STORE_DDELTA=ddelta is not None, BLOCK_COLS=block_cols,
+                      SUM_ROWS=row_sums.summing_rows(n_cols))
+    return dx, ddelta, dw
 
 
 def rmsnorm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
