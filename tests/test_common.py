@@ -470,3 +470,31 @@ def test_gpu_inductor_launches_the_kernels_itself():
     assert "torch.ops.tinyllama_v3" not in code, "the compiled code calls back into Python"
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_kernels_call_their_triton_helpers_by_name():
+    """torch.compile (Inductor) copies a kernel and the @triton.jit helpers it calls into the
+    code it generates, finding them by name: a helper called through a module
+    (`row_sums.helper(...)`) compiles in eager runs and fails under torch.compile."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+    import textwrap
+
+    from triton.runtime.jit import KernelInterface  # a JIT function, or the interpreter's
+    import version3_triton.kernels as package
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for fn in vars(module).values():
+            if (not isinstance(fn, KernelInterface)
+                    or fn.fn.__module__ != module.__name__):  # (imported ones: their own module)
+                continue
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and isinstance(node.func.value, ast.Name)):
+                    owner = module.__dict__.get(node.func.value.id)  # one of our modules?
+                    ours = getattr(owner, "__name__", "").startswith(package.__name__)
+                    helper = isinstance(getattr(owner, node.func.attr, None), KernelInterface)
+                    assert not (ours and helper), \
+                        f"{info.name}.{fn.__name__} calls {node.func.value.id}.{node.func.attr}"

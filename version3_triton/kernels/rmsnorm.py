@@ -28,6 +28,9 @@ import triton
 import triton.language as tl
 
 from . import common, configs, row_sums
+# A kernel calls its @triton.jit helpers by name: torch.compile copies the kernel and its
+# helpers into the code it generates, where a module prefix (row_sums.x) names nothing.
+from .row_sums import sum_program_rows
 from .common import Target
 from .configs import KernelSpec
 
@@ -128,8 +131,8 @@ def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, DW, TICKETS, n_row
             tl.store(DDELTA + rows[:, None] * stride_dx + cols, dx.to(DDELTA.dtype.element_ty),
                      mask=mask)
         dw += dy * x_hat  # rows past the end loaded as zeros and add nothing
-    row_sums.sum_program_rows(tl.sum(dw, axis=0)[None, :], DW_PARTIAL, DW, TICKETS,
-                              group_size, n_cols, cols, SUM_ROWS, BLOCK_COLS)
+    sum_program_rows(tl.sum(dw, axis=0)[None, :], DW_PARTIAL, DW, TICKETS, group_size, n_cols,
+                     cols, SUM_ROWS, BLOCK_COLS)
 
 
 # ---- launch configuration: a rule, not a search ----------------------------------------
