@@ -249,7 +249,7 @@ def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):
 
 
 # ---- dw summed inside the backward kernel ---------------------------------------------
-@pytest.mark.parametrize("programs", [1, 2, 7, 10], ids=lambda p: f"{p}-programs")
+@pytest.mark.parametrize("programs", [1, 7], ids=lambda p: f"{p}-programs")
 def test_weight_gradient_sums_every_program_row_in_ragged_groups(monkeypatch, programs):
     """The last program of each group (groups of ~sqrt(programs), the last one short) sums
     its group, the last of those sums the groups (row_sums.py): dw counts every row once,
