@@ -245,8 +245,9 @@ def _programs(device: int, n_rows: int) -> int:
     """One wave of programs: ~4 per compute unit, each walking a contiguous chunk of
     rows and writing one fp32 partial dw row (4 * 132 * 4 KiB on an H100). device: the
     GPU's index, -1 for the CPU (the interpreter: 3, so tests see several)."""
-    units = torch.cuda.get_device_properties(device).multi_processor_count if device >= 0 else 0
-    return max(1, min(n_rows, 4 * units if device >= 0 else 3))
+    if device < 0:
+        return max(1, min(n_rows, 3))
+    return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def _backward_buffers(x, weight, delta_dtype, programs: int) -> tuple:
@@ -274,7 +275,7 @@ def _launch_backward(grad_y, grad_h, x, weight, eps, delta_dtype):
     named = (grad_y, grad_h, x, weight, *_backward_buffers(x, weight, delta_dtype, programs))
     dx, ddelta, dw, partial, tickets = named[4:]
     if n_rows == 0:
-        return dx, ddelta, torch.zeros_like(weight)
+        return dx, ddelta, dw.zero_()
     with common.recording(plan_key, named):
         common.launch(BWD, _rmsnorm_bwd_kernel, TUNING_KEY, lambda c: (programs,),
                       dy2, x2, weight, dh2, dx, ddelta, partial, dw, tickets, n_rows, n_cols,

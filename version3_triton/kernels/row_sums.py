@@ -91,16 +91,19 @@ def scratch(like: torch.Tensor, programs: int, n_cols: int) -> tuple[torch.Tenso
     """(PARTIAL, TICKETS) for `programs` programs summing rows of n_cols, on like's device:
     kept per stream (the kernel leaves the counters at 0). Inside an operator - traced by
     torch.compile, which owns every buffer it launches with - and on the CPU, new ones."""
-    groups = -(-programs // group_size(programs))
     if operators.IN_OPERATOR or not like.is_cuda:
-        return (common.empty((programs + groups, n_cols), torch.float32, like.device),
-                torch.zeros(groups + 1, dtype=torch.int32, device=like.device))
+        return _allocate(like, programs, n_cols)
     device = like.get_device()
     key = (device, torch._C._cuda_getCurrentRawStream(device), programs, n_cols)
     if (buffers := _SCRATCH.get(key)) is None:
         if len(_SCRATCH) >= 16:  # sizes that keep changing: start over
             _SCRATCH.clear()
-        buffers = _SCRATCH[key] = (
-            torch.empty((programs + groups, n_cols), dtype=torch.float32, device=like.device),
-            torch.zeros(groups + 1, dtype=torch.int32, device=like.device))
+        buffers = _SCRATCH[key] = _allocate(like, programs, n_cols)
     return buffers
+
+
+def _allocate(like: torch.Tensor, programs: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row per program and one per group; a counter per group and one for the groups, at 0."""
+    groups = -(-programs // group_size(programs))
+    return (torch.empty((programs + groups, n_cols), dtype=torch.float32, device=like.device),
+            torch.zeros(groups + 1, dtype=torch.int32, device=like.device))
