@@ -4,11 +4,9 @@ torch.compile sees operators.py, both re-exported here). Which launch configurat
 may run with on which target - the rules, the prune, the forced-config hook - is configs.py;
 attention's candidate lists are attention_tables.py.
 
-`launch` runs a memory-bound kernel with the one configuration its rule gives (computed
-once per shape), and hands the others (attention) to Triton's autotuner with the
-candidates and the prune of configs.py; `chosen_configs()` tells which configuration each
-kernel ran with last.
-"""
+`launch` runs a memory-bound kernel with the one configuration its rule gives (once per
+shape) and hands the others (attention) to Triton's autotuner with the candidates and the
+prune of configs.py; `chosen_configs()` tells which configuration each kernel ran with last."""
 from __future__ import annotations
 
 import contextlib
@@ -397,10 +395,11 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
-def empty_strided(like: torch.Tensor, shape, strides) -> torch.Tensor:
-    """A buffer of like's dtype and device with these strides: one call, where empty + a
-    transposed view is two (like's method parses fewer arguments than torch.empty_strided)."""
-    t = like.new_empty_strided(shape, strides)
+def empty_strided(like: torch.Tensor, shape, strides, dtype=None) -> torch.Tensor:
+    """A buffer on like's device (in like's dtype unless given) with these strides: like's
+    method parses fewer arguments than torch.empty or torch.empty_strided, ~1 us per call."""
+    t = (like.new_empty_strided(shape, strides) if dtype is None  # (dtype=None costs more)
+         else like.new_empty_strided(shape, strides, dtype=dtype))
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 

@@ -149,7 +149,7 @@ def _outputs(q: torch.Tensor):
     is free. Shared by the op and its fake, so both report the same strides."""
     B, H, T, D = q.shape
     o = common.empty_strided(q, (B, H, T, D), (T * H * D, D, H * D, 1))
-    return o, common.empty((B, H, T), torch.float32, q.device)
+    return o, common.empty_strided(q, (B, H, T), (H * T, T, 1), torch.float32)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
