@@ -103,7 +103,8 @@ def scratch(like: torch.Tensor, programs: int, n_cols: int) -> tuple[torch.Tenso
 
 
 def _allocate(like: torch.Tensor, programs: int, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A row per program and one per group; a counter per group and one for the groups, at 0."""
+    """A row per program and one per group (NaN under the tests' POISON_OUTPUTS: a row read
+    before it is written shows); a counter per group and one for the groups, at 0."""
     groups = -(-programs // group_size(programs))
-    return (torch.empty((programs + groups, n_cols), dtype=torch.float32, device=like.device),
+    return (common.empty((programs + groups, n_cols), torch.float32, like.device),
             torch.zeros(groups + 1, dtype=torch.int32, device=like.device))
