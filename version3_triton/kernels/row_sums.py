@@ -106,5 +106,7 @@ def _allocate(like: torch.Tensor, programs: int, n_cols: int) -> tuple[torch.Ten
     """A row per program and one per group (NaN under the tests' POISON_OUTPUTS: a row read
     before it is written shows); a counter per group and one for the groups, at 0."""
     groups = -(-programs // group_size(programs))
-    return (common.empty((programs + groups, n_cols), torch.float32, like.device),
-            torch.zeros(groups + 1, dtype=torch.int32, device=like.device))
+    partial = torch.empty((programs + groups, n_cols), dtype=torch.float32, device=like.device)
+    if common.POISON_OUTPUTS:  # (as common.empty does, without its frame on the eager path)
+        partial.fill_(float("nan"))
+    return partial, torch.zeros(groups + 1, dtype=torch.int32, device=like.device)
