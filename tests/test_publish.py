@@ -137,6 +137,29 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
     assert experiments.step_rows(tmp_path / "rows.json", "memory", tmp_path / "none") == 1
 
 
+def test_each_machines_rows_keep_the_1gpu_run_measured_with_them(tmp_path, monkeypatch):
+    """The 2-GPU rows come from one machine and the 4-GPU rows from another, each with its
+    own 1-GPU runs: publishing the second keeps the first's efficiencies as they were."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    pub = tmp_path / "h200"
+    shutil.copytree(REPO / "docs/published/h200", pub)
+    for machine, n, one, many in (("two", 2, 400_000.0, 760_000.0), ("four", 4, 380_000.0, 1_368_000.0)):
+        work = tmp_path / machine
+        (work / "scaling").mkdir(parents=True)
+        (work / "experiments.json").write_text(json.dumps(experiments.manifest()))
+        for name, r in (("v4_best_1gpu", scaling_result(template, 1, one)),
+                        (f"v4_best_ddp{n}", scaling_result(template, n, many))):
+            (work / "scaling" / f"{name}.json").write_text(json.dumps(r))
+        summary = publish.update(work, pub)
+    assert summary["rows"]["scaling/v4_best_ddp2"]["baseline_tokens_per_s"] == 400_000.0
+    text = blocks.render("scaling", summary)
+    assert "| V4 graphs + master weights, 1 GPU | 1 | 380,000 |" in text
+    assert "| V4 graphs + master weights, DDP x2 | 2 | 760,000 | 380,000 | 95.0% |" in text
+    assert "| V4 graphs + master weights, DDP x4 | 4 | 1,368,000 | 342,000 | 90.0% |" in text
+    assert "Measured on 2 x " in text and "Measured on 4 x " in text and "measured with it" in text
+
+
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
     """A profiled row of the scaling step carries the overlap read from its ranks' traces
     (<row>_profile/overlap.json, written by analysis_tools overlap --json) into the published

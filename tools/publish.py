@@ -78,7 +78,9 @@ def compact(result: dict | None) -> dict:
             "torch": result["device"].get("torch"), "created": result.get("created"),
             "sdpa_kernel": result["options"].get("sdpa_kernel"),
             **({"overlap": [_overlap_numbers(r) for r in result["overlap"]["ranks"]]}
-               if result.get("overlap") else {})}
+               if result.get("overlap") else {}),
+            **({"baseline_tokens_per_s": result["scaling_baseline"]["tokens_per_s"]}
+               if result.get("scaling_baseline") else {})}
 
 
 def _overlap_numbers(row: dict) -> dict:
@@ -163,10 +165,21 @@ def _comparisons(work: Path, out: Path):
 def _rows(work: Path):
     """reproduce's training rows in `work` (a results JSON, or an exit code that is an
     answer): ('section/name', its JSON)."""
-    for key, data in records_in(work).items():
+    records = records_in(work)
+    baselines = {r["key"]: r.get("baseline") for r in (_load(work / "experiments.json") or {}).get("rows", [])}
+    for key, data in records.items():
+        extra = {}
         # a profiled row: its traces' communication overlap, beside them (the scaling step)
         overlap = _load(work / f"{key}_profile" / "overlap.json")
-        yield key, {**data, "overlap": overlap} if overlap else data
+        if overlap:
+            extra["overlap"] = overlap
+        # a multi-GPU row keeps the 1-GPU throughput it was measured against, on its own
+        # machine: a later machine's 1-GPU rows (4 GPUs after 2) then leave its efficiency as it was
+        one = records.get(baselines.get(key) or "")
+        if one and "schema_version" in one and "schema_version" in data:
+            extra["scaling_baseline"] = {"key": baselines[key], "created": one.get("created"),
+                                         "tokens_per_s": numbers(one)["tokens_per_s"]}
+        yield key, {**data, **extra}
 
 
 # The tables a step writes beside its training rows: (file in reproduce's folder, name in the

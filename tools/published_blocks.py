@@ -77,9 +77,9 @@ def _measured_by_scaling(r: dict) -> str:
 
 def scaling_table(s: dict, block: str) -> str:
     """Data-parallel rows beside the 1-GPU run they scale: efficiency = tokens/s of N GPUs /
-    (N x tokens/s of one GPU at the same batch per GPU). Rows this machine could not run
-    (too few GPUs) are left out."""
-    out, caption = [], ""
+    (N x tokens/s of one GPU at the same batch per GPU), that GPU's run measured with the row
+    on the same machine. Rows not measured (too few GPUs) are left out."""
+    out, machines = [], {}
     for label, key, base_key in scaled_rows(s, block):
         r = s["rows"].get(key)
         if r is None:
@@ -89,14 +89,18 @@ def scaling_table(s: dict, block: str) -> str:
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
         n = r.get("world_size", 1)
-        efficiency = (r["tokens_per_s"] / (n * one["tokens_per_s"])
-                      if one.get("ok") and one.get("tokens_per_s") else None)
+        one_gpu = r.get("baseline_tokens_per_s") or (one.get("ok") and one.get("tokens_per_s"))
+        efficiency = r["tokens_per_s"] / (n * one_gpu) if one_gpu else None
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
                     num(r.get("step_ms"), ".2f"), _phases(r)])
-        if n > 1 and not caption:
-            caption = _measured_by_scaling(r)
+        if n > 1:
+            machines.setdefault(n, _measured_by_scaling(r))
     if not out:
         return PLACEHOLDER
+    caption = " ".join(machines[n] for n in sorted(machines))
+    if len(machines) > 1:
+        caption += (" The 1-GPU rows shown were published last; each multi-GPU row's efficiency is "
+                    "against the 1-GPU run measured with it, on its machine.")
     return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
                   "fwd / bwd / opt ms"], out) + (f"\n\n{caption}" if caption else "")
 
