@@ -85,14 +85,14 @@ def scaling_table(s: dict, block: str) -> str:
         if r is None:
             continue
         if not r.get("ok"):
-            out.append([label, _failure(r), *["-"] * 5])
+            out.append([label, _failure(r), *["-"] * 6])
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
         n = r.get("world_size", 1)
         one_gpu = r.get("baseline_tokens_per_s") or (one.get("ok") and one.get("tokens_per_s"))
         efficiency = r["tokens_per_s"] / (n * one_gpu) if one_gpu else None
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
-                    num(r.get("step_ms"), ".2f"), _phases(r)])
+                    num(r.get("step_ms"), ".2f"), _phases(r), num(r.get("peak_mb"))])
         if n > 1:
             machines.setdefault(n, _measured_by_scaling(r))
     if not out:
@@ -102,7 +102,7 @@ def scaling_table(s: dict, block: str) -> str:
         caption += (" The 1-GPU rows shown were published last; each multi-GPU row's efficiency is "
                     "against the 1-GPU run measured with it, on its machine.")
     return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
-                  "fwd / bwd / opt ms"], out) + (f"\n\n{caption}" if caption else "")
+                  "fwd / bwd / opt ms", "peak MB per GPU"], out) + (f"\n\n{caption}" if caption else "")
 
 
 def overlap_table(s: dict, block: str) -> str:
