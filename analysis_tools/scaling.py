@@ -119,6 +119,11 @@ def communication_overlap(trace_path) -> dict:
     communication time with no compute beside it, which the step pays in full.
     A communication kernel also runs while it waits for the slower rank, so
     exposed time includes waiting for a straggler.
+
+    Which side paces the rank: the host's median step (the profiler's
+    ProfilerStep ranges on the CPU) against the GPU's, and the GPU's idle time,
+    in which no kernel ran at all: a GPU waiting for the host to queue work.
+    The profiler itself slows the host, so both read high against an unprofiled run.
     """
     from profiling.parsers.kernel_table import ProfileParseError
     from profiling.parsers.readers import read_text
@@ -135,9 +140,11 @@ def communication_overlap(trace_path) -> dict:
         raise UsageError(f"{trace_path}: no GPU kernels in this trace (a CPU run?)")
     comm = _union([(a, b) for a, b, is_comm in kernels if is_comm])
     compute = _union([(a, b) for a, b, is_comm in kernels if not is_comm])
-    steps = sum(1 for e in events if e.get("cat") == "user_annotation"
-                and str(e.get("name", "")).startswith("ProfilerStep#")) or 1
+    host_steps = sorted(e.get("dur", 0) for e in events if e.get("cat") == "user_annotation"
+                        and str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = len(host_steps) or 1
     comm_us, overlapped_us = _length(comm), _overlap(comm, compute)
+    window_us = max(b for _, b, _ in kernels) - min(a for a, _, _ in kernels)
 
     def per_step(us: float) -> float:  # microseconds in the trace -> ms per step
         return us / 1000 / steps
@@ -148,8 +155,9 @@ def communication_overlap(trace_path) -> dict:
             "exposed_ms_per_step": per_step(comm_us - overlapped_us),
             "overlap_fraction": overlapped_us / comm_us if comm_us else None,
             "compute_ms_per_step": per_step(_length(compute)),
-            "gpu_window_ms_per_step": per_step(max(b for _, b, _ in kernels)
-                                               - min(a for a, _, _ in kernels))}
+            "gpu_window_ms_per_step": per_step(window_us),
+            "gpu_idle_ms_per_step": per_step(window_us - _length(_union(comm + compute))),
+            "host_step_ms": host_steps[len(host_steps) // 2] / 1000 if host_steps else None}
 
 
 def _union(intervals) -> list[list[float]]:
@@ -184,4 +192,6 @@ def format_overlap(row: dict) -> str:
             f"{row['comm_ms_per_step']:.2f} ms/step, {row['overlapped_ms_per_step']:.2f} ms "
             f"({share}) beside compute, {row['exposed_ms_per_step']:.2f} ms exposed; compute "
             f"kernels {row['compute_ms_per_step']:.2f} ms/step in a "
-            f"{row['gpu_window_ms_per_step']:.2f} ms/step GPU window")
+            f"{row['gpu_window_ms_per_step']:.2f} ms/step GPU window, "
+            f"{row['gpu_idle_ms_per_step']:.2f} ms of it idle; the host's median step "
+            + ("n/a" if row["host_step_ms"] is None else f"{row['host_step_ms']:.2f} ms"))

@@ -494,6 +494,8 @@ def test_overlap_of_communication_with_compute(tmp_path):
     assert row["overlap_fraction"] == pytest.approx(0.5)
     assert row["compute_ms_per_step"] == pytest.approx(16 / 2 / 1000)
     assert row["gpu_window_ms_per_step"] == pytest.approx(32 / 2 / 1000)
+    assert row["gpu_idle_ms_per_step"] == pytest.approx(10 / 2 / 1000)  # 20-30: no kernel at all
+    assert row["host_step_ms"] == pytest.approx(1 / 1000)  # the ProfilerStep ranges on the CPU
     proc = run_cli(["-m", "analysis_tools", "overlap", trace, "--json", tmp_path / "overlap.json"])
     assert proc.returncode == 0 and "(50%) beside compute" in proc.stdout
     written = json.loads((tmp_path / "overlap.json").read_text())  # reproduce's scaling step

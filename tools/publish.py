@@ -88,8 +88,9 @@ def _overlap_numbers(row: dict) -> dict:
     rank (the trace's rank<N> folder) and its milliseconds per step."""
     rank = re.search(r"rank(\d+)", row["trace"])
     return {"rank": int(rank.group(1)) if rank else None,
-            **{k: row[k] for k in ("comm_ms_per_step", "overlapped_ms_per_step", "exposed_ms_per_step",
-                                   "overlap_fraction", "compute_ms_per_step")}}
+            **{k: row.get(k) for k in ("comm_ms_per_step", "overlapped_ms_per_step", "exposed_ms_per_step",
+                                       "overlap_fraction", "compute_ms_per_step", "gpu_idle_ms_per_step",
+                                       "host_step_ms")}}
 
 
 def compare_summary(report: dict) -> dict:
