@@ -173,14 +173,15 @@ def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
     ranks = [{"trace": f"/x/v4_compile_ddp2_profiled_profile/rank{r}/pytorch/t.pt.trace.json",
               "steps": 3, "comm_kernels": 40, "comm_ms_per_step": 2.0, "overlapped_ms_per_step": 1.5,
               "exposed_ms_per_step": 0.5, "overlap_fraction": 0.75, "compute_ms_per_step": 30.0,
-              "gpu_window_ms_per_step": 33.0} for r in (0, 1)]
+              "gpu_window_ms_per_step": 33.0, "gpu_idle_ms_per_step": 1.0, "host_step_ms": 31.5}
+             for r in (0, 1)]
     (scaling_dir / "v4_compile_ddp2_profiled_profile" / "overlap.json").write_text(
         json.dumps({"created": "2031-01-02T03:04:05+00:00", "git_commit": "abc1234", "ranks": ranks}))
     rows = {key: publish.compact(data) for key, data in publish._rows(tmp_path / "work")}
     assert [o["rank"] for o in rows["scaling/v4_compile_ddp2_profiled"]["overlap"]] == [0, 1]
     assert "overlap" not in rows["scaling/v4_best_ddp2_profiled"]
     text = blocks.render("scaling-overlap", {"rows": rows, "experiments": experiments.manifest()})
-    assert "| V4 compiled, DDP x2 | 1 | 2.00 | 1.50 (75.0%) | 0.50 | 30.00 |" in text
+    assert "| V4 compiled, DDP x2 | 1 | 2.00 | 1.50 (75.0%) | 0.50 | 30.00 | 1.00 | 31.50 |" in text
     assert "| V4 graphs + master weights, DDP x2 | - | no trace read |" in text
     assert "by `bash benchmarks/reproduce.sh scaling`" in text
     assert blocks.render("scaling-overlap", {"rows": {}}) == blocks.PLACEHOLDER

@@ -107,25 +107,28 @@ def scaling_table(s: dict, block: str) -> str:
 
 def overlap_table(s: dict, block: str) -> str:
     """Per rank of each profiled data-parallel row: the NCCL/RCCL kernel time of a step, the
-    part of it that ran beside compute kernels and the part the step paid alone (exposed)."""
+    part of it that ran beside compute kernels and the part the step paid alone (exposed),
+    the GPU's idle time and the host's median step (which of the two sets the pace)."""
     out, caption = [], ""
     for label, key in block_rows(s, block):
         r = s["rows"].get(key)
         if r is None:
             continue
         if not r.get("ok") or not r.get("overlap"):
-            out.append([label, "-", _failure(r) if not r.get("ok") else "no trace read", *["-"] * 3])
+            out.append([label, "-", _failure(r) if not r.get("ok") else "no trace read", *["-"] * 5])
             continue
         for o in r["overlap"]:
             out.append([label, str(o["rank"]), num(o["comm_ms_per_step"], ".2f"),
                         f"{num(o['overlapped_ms_per_step'], '.2f')} ({pct(o['overlap_fraction'])})",
-                        num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f")])
+                        num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f"),
+                        num(o.get("gpu_idle_ms_per_step"), ".2f"), num(o.get("host_step_ms"), ".2f")])
         caption = caption or (f"{_measured_by_scaling(r)} Read from each rank's PyTorch profiler "
                               "trace (`python -m analysis_tools overlap`).")
     if not out:
         return PLACEHOLDER
     return table(["run", "rank", "communication ms/step", "beside compute ms", "exposed ms",
-                  "compute ms/step"], out) + (f"\n\n{caption}" if caption else "")
+                  "compute ms/step", "GPU idle ms/step", "host step ms"], out) + (
+                      f"\n\n{caption}" if caption else "")
 
 
 def compare_table(s: dict, preset: str, modes=None) -> str:
