@@ -30,6 +30,7 @@ from __future__ import annotations
 import types
 import weakref
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -486,7 +487,8 @@ def memory_table(results: list[dict], trace: bool = False) -> pd.DataFrame:
         pred = predict_for_result(r)
         measured = peak_memory_mb(r)
         gpu = measured_on_gpu_allocator(r)
-        row = {"run": label, "predicted MiB": pred.peak_mib,
+        row = {"run": label, "file": Path(r["_path"]).stem if "_path" in r else None,
+               "predicted MiB": pred.peak_mib,
                "measured MiB": measured if gpu else None,
                "error %": (pred.peak_mib / measured - 1) * 100 if gpu and measured else None,
                "peak moment": pred.moment,

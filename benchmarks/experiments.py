@@ -43,6 +43,7 @@ class Row:
     quick: bool = False   # reproduce --quick runs a step's quick rows (all, where none is)
     gpus: int = 1         # processes under torchrun, one per GPU (1: plain python)
     baseline: str = ""    # the 1-GPU row of the same step whose work per GPU this row scales
+    preset: str = "medium"  # its size (reproduce --quick runs every preset at tiny)
 
     @property
     def key(self) -> str:
@@ -156,13 +157,28 @@ def _scaling() -> list[Row]:
     return rows
 
 
+MEMORY_SWITCHES = ("fused_linear_ce", "recompute_rope", "recompute_swiglu", "recompute_norm")
+
+
+def _switches() -> list[Row]:
+    """V3 at its best at the large preset with each of its memory switches on, then all of
+    them: what each saves in peak memory and costs in speed (the memory model predicts each)."""
+    rows = [Row("switches", "v3_large_best", "v3-memory-switches", "V3 graphs + master weights", "v3",
+                (*BF16, *GRAPHS), preset="large")]
+    rows += [Row("switches", f"v3_large_best_{s}", "v3-memory-switches", f"the same, `{_flag(s)}`", "v3",
+                 (*BF16, *GRAPHS, _flag(s)), preset="large") for s in MEMORY_SWITCHES]
+    rows.append(Row("switches", "v3_large_best_all", "v3-memory-switches", "the same, all four", "v3",
+                    (*BF16, *GRAPHS, *map(_flag, MEMORY_SWITCHES)), preset="large"))
+    return rows
+
+
 def _sdpa() -> list[Row]:
     return [Row("sdpa", f"backend_{b}", "sdpa-backends", f"`--sdpa-backend {b}`", "v4", (*BF16, "--sdpa-backend", b),
                 same_as="eager" if b == "auto" else "", answers=() if b == "auto" else (2,))
             for b in ("auto", "flash", "efficient", "cudnn", "math")]
 
 
-ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_scaling())
+ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_switches(), *_scaling())
 assert len({r.key for r in ROWS}) == len(ROWS), "two rows write one JSON"
 
 
@@ -209,7 +225,7 @@ def main(argv: list[str]) -> int:
             env = " ".join(r.env) + " " if r.env else ""
             launch = f"torchrun --standalone --nproc-per-node {r.gpus}" if r.gpus > 1 else "python"
             print(f"{r.key:45s} {r.block:17s} {env}{launch} {VERSIONS[r.version].script} "
-                  f"--preset medium {' '.join(r.flags)}")
+                  f"--preset {r.preset} {' '.join(r.flags)}")
         return 0
     if argv[:1] == ["rows"] and len(argv) in (2, 3) and argv[2:] in ([], ["--quick"]):
         rows = [r for r in ROWS if r.step == argv[1]]
@@ -218,10 +234,10 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"error: no rows for step {argv[1]!r}", file=sys.stderr)
             return 2
-        for r in rows:  # name, version, script, same_as, answers, env, GPUs, then each flag
+        for r in rows:  # name, version, script, same_as, answers, env, GPUs, preset, each flag
             print("\t".join([r.name, r.version, VERSIONS[r.version].script, r.same_as or "-",
                              " ".join(map(str, r.answers)) or "-", " ".join(r.env) or "-",
-                             str(r.gpus), *r.flags]))
+                             str(r.gpus), r.preset, *r.flags]))
         return 0
     if argv[:1] == ["manifest"] and len(argv) == 2:
         write_json(argv[1], manifest())

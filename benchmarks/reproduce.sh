@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 32 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 40 minutes on an H200
 #                                                 # (scaling, on 2+ GPUs only: about 26 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
@@ -54,7 +54,7 @@ if [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
 fi
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 
-ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large scaling regress)
+ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers fusion blocks sdpa flops compare-large switches scaling regress)
 describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
@@ -70,6 +70,7 @@ describe_step() {
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
         scaling)        echo "~26 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers, V4 x2 profiled (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
+        switches)       echo "~9 min    switches/: V3 large at its best with each memory switch (fused linear + CE, recomputed RoPE, SwiGLU, norms) and all four, each against the memory model's prediction (needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac
@@ -170,15 +171,17 @@ from_compare() {
     fi
 }
 
-# run_rows STEP: the step's training rows as benchmarks/experiments.py names them (each at
-# the $MEDIUM preset; a row that repeats a medium comparison's run is copied from it)
+# run_rows STEP: the step's training rows as benchmarks/experiments.py names them (each at its
+# preset, $MEDIUM unless it names another; a row that repeats a medium comparison's run is
+# copied from it)
 run_rows() {
     local quick=(); [ $QUICK = 1 ] && quick=(--quick)
     local listing; listing=$($PY -m benchmarks.experiments rows "$1" "${quick[@]}") || { failed=1; return; }
-    local name version script same answers env gpus flags
+    local name version script same answers env gpus preset flags
     while IFS=$'\t' read -r -u 3 -a fields; do  # fd 3: a run never reads the listing
         name=${fields[0]} version=${fields[1]} script=${fields[2]} same=${fields[3]}
-        answers=${fields[4]} env=${fields[5]} gpus=${fields[6]} flags=("${fields[@]:7}")
+        answers=${fields[4]} env=${fields[5]} gpus=${fields[6]} preset=${fields[7]} flags=("${fields[@]:8}")
+        case $preset in small) preset=$SMALL ;; large) preset=$LARGE ;; *) preset=$MEDIUM ;; esac
         [ "$answers" = - ] && answers=""; [ "$env" = - ] && env=""
         # shellcheck disable=SC2053  # ROWS is a pattern
         [[ $name == ${ROWS:-*} ]] || continue
@@ -188,9 +191,9 @@ run_rows() {
         # a profiled row keeps its traces beside its JSON: <step>/<name>_profile/
         [[ " ${flags[*]} " == *" --profile "* ]] && flags+=(--profile-dir "$W/$1/${name}_profile")
         if [ "$same" = - ]; then
-            ROW_ENV=$env ROW_GPUS=$gpus OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset $MEDIUM "${flags[@]}"
+            ROW_ENV=$env ROW_GPUS=$gpus OK_EXIT="3 $answers" train "$1" "$name" "$script" --preset "$preset" "${flags[@]}"
         else
-            ROW_ENV=$env OK_EXIT="3 $answers" from_compare "$1" "$name" "$version" "$same" "$script" --preset $MEDIUM "${flags[@]}"
+            ROW_ENV=$env OK_EXIT="3 $answers" from_compare "$1" "$name" "$version" "$same" "$script" --preset "$preset" "${flags[@]}"
         fi
     done 3<<< "$listing"
 }
@@ -274,6 +277,15 @@ run_step() {
             tail -n 8 "$W/memory/memory_check.log"
         fi ;;
     levers|fusion|blocks|sdpa) run_rows "$1" ;;
+    switches)
+        run_rows switches
+        # the memory model's prediction for each finished row (a row that ran out of memory has none)
+        local ok=(); for f in "$W"/switches/*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
+        if [ ${#ok[@]} -gt 0 ] && ! have "$W/switches/memory_check.json"; then
+            $PY -m analysis_tools memory "${ok[@]}" --json "$W/switches/memory_check.json" \
+                > "$W/switches/memory_check.log" 2>&1 || failed=1
+            head -n 9 "$W/switches/memory_check.log"
+        fi ;;
     scaling)
         if [ "$NGPU" -lt 2 ]; then say "   skipped: data-parallel scaling needs 2 or more GPUs ($NGPU here)"; return; fi
         # NVLink multicast (NVLS) stays off, as in benchmarks/ddp_scaling.sh (docs/MULTI_GPU.md)

@@ -50,8 +50,9 @@ def test_every_row_is_named_once_in_the_manifest():
     from harness.config import load_spec
     from training import cli
     summary = json.loads((REPO / "docs/published/h200/summary.json").read_text())
-    # the scaling step runs on a machine with 2 or more GPUs; a set made on one has none of it
-    assert {r.key for r in ROWS if r.step != "scaling"} <= set(summary["rows"])
+    # the scaling step runs on a machine with 2 or more GPUs, the switches step at the large
+    # preset on a 64+ GiB GPU: a set made without one has none of that step
+    assert {r.key for r in ROWS if r.step not in ("scaling", "switches")} <= set(summary["rows"])
     assert {r.block for r in ROWS} <= set(blocks.BLOCKS)
     # publishing reads which block shows a row from the manifest the measurements carry
     assert {r["block"] for r in summary["experiments"]["rows"]} <= set(blocks.BLOCKS)
@@ -158,6 +159,40 @@ def test_each_machines_rows_keep_the_1gpu_run_measured_with_them(tmp_path, monke
     assert "| V4 graphs + master weights, DDP x2 | 2 | 760,000 | 380,000 | 95.0% |" in text
     assert "| V4 graphs + master weights, DDP x4 | 4 | 1,368,000 | 342,000 | 90.0% |" in text
     assert "Measured on 2 x " in text and "Measured on 4 x " in text and "measured with it" in text
+
+
+def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path, monkeypatch):
+    """The switches step: V3 at the large preset with each memory switch, a row each (their
+    preset travels in the listing reproduce reads), shown against V4's best large run and
+    the memory model's prediction that the step writes beside them."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)
+    listing = subprocess.run([sys.executable, "-m", "benchmarks.experiments", "rows", "switches"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    fields = [line.split("\t") for line in listing]
+    assert [f[0] for f in fields] == ["v3_large_best", *(f"v3_large_best_{s}" for s in experiments.MEMORY_SWITCHES),
+                                      "v3_large_best_all"]
+    assert {f[7] for f in fields} == {"large"} and fields[-1][-4:] == ["--fused-linear-ce", "--recompute-rope",
+                                                                       "--recompute-swiglu", "--recompute-norm"]
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    pub, work = tmp_path / "h200", tmp_path / "work"
+    shutil.copytree(REPO / "docs/published/h200", pub)
+    (work / "switches").mkdir(parents=True)
+    (work / "experiments.json").write_text(json.dumps(experiments.manifest()))
+    for name, peak in (("v3_large_best", 36_000.0), ("v3_large_best_fused_linear_ce", 30_000.0)):
+        r = json.loads(json.dumps(template))
+        r["memory"]["peak_allocated_mb"] = peak
+        (work / "switches" / f"{name}.json").write_text(json.dumps(r))
+    (work / "switches" / "v3_large_best_all.json").write_text(json.dumps({"exit_code": 3, "error": "out of memory"}))
+    (work / "switches" / "memory_check.json").write_text(json.dumps(
+        [{"run": "v3 large", "file": "v3_large_best_fused_linear_ce", "predicted MiB": 29_500.0, "error %": -1.7}]))
+    summary = publish.update(work, pub)
+    summary["compare"]["large"]["rows"] = [{"version": "v4", "mode": "reduce-overhead-master",
+                                            "tokens_per_s": summary["rows"]["switches/v3_large_best"]["tokens_per_s"] / 1.1,
+                                            "peak_memory_mb": 40_000.0}]
+    text = blocks.render("v3-memory-switches", summary)
+    line = next(t for t in text.splitlines() if "`--fused-linear-ce`" in t)
+    assert "| 1.10x |" in line and "| 30,000 | 0.750x | 29,500 | -1.7% |" in line
+    assert "| the same, all four | exit 3: out of memory |" in text and "recompute-rope" not in text
 
 
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):

@@ -185,11 +185,13 @@ def _rows(work: Path):
 
 # The tables a step writes beside its training rows: (file in reproduce's folder, name in the
 # published set or None, summary key). The kernels step writes the first two, analysis the
-# ceilings (and the profiles, the roofline), memory the model's check, debug the outcomes.
+# ceilings (and the profiles, the roofline), memory and switches the model's checks, debug
+# the outcomes.
 TABLES = (("kernels.json", "kernels.json", "kernels"),
           ("host_overhead.json", "host_overhead.json", "host_overhead"),
           ("analysis/ceilings.json", "ceilings.json", "ceilings"),
           ("memory/memory_check.json", "memory_check.json", "memory"),
+          ("switches/memory_check.json", None, "memory_switches"),
           ("debug/outcomes.json", None, "debug"))
 PLOTS = ("analysis/roofline_medium.png", "memory/memory_model.png")
 

@@ -69,6 +69,15 @@ def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "f
     return table(["run", *cols], out)
 
 
+def _measured_row(s: dict, label: str, key: str, out: list, width: int) -> dict | None:
+    """A block's row `key` if it has numbers; a failed one becomes a line of `out` saying why
+    (its other `width` cells empty), a row not measured is left out: None for both."""
+    r = s["rows"].get(key)
+    if r is not None and not r.get("ok"):
+        out.append([label, _failure(r), *["-"] * width])
+    return r if r is not None and r.get("ok") else None
+
+
 def _measured_by_scaling(r: dict) -> str:
     """The caption of a data-parallel row's numbers: its GPUs, torch, day and command."""
     return (f"Measured on {r.get('world_size', 1)} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
@@ -81,11 +90,8 @@ def scaling_table(s: dict, block: str) -> str:
     on the same machine. Rows not measured (too few GPUs) are left out."""
     out, machines = [], {}
     for label, key, base_key in scaled_rows(s, block):
-        r = s["rows"].get(key)
+        r = _measured_row(s, label, key, out, 6)
         if r is None:
-            continue
-        if not r.get("ok"):
-            out.append([label, _failure(r), *["-"] * 6])
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
         n = r.get("world_size", 1)
@@ -245,6 +251,28 @@ def debug_block(s: dict) -> str:
             + row_table(s, [r for r in stages if r[1] in s["rows"]], cols=("tok/s", "step ms", "fwd / bwd / opt ms", "final loss")))
 
 
+def memory_switches_block(s: dict) -> str:
+    """V3 at the large preset with each memory switch: speed and peak beside V4 at its best
+    (the large comparison) and the memory model's prediction for the same run."""
+    v4 = speed(s, "large", "v4", "reduce-overhead-master")
+    predicted = {m.get("file"): m for m in s.get("memory_switches") or []}
+    out = []
+    for label, key in block_rows(s, "v3-memory-switches"):
+        r = _measured_row(s, label, key, out, 6)
+        if r is None:
+            continue
+        m = predicted.get(key.split("/", 1)[1], {})
+        out.append([label, num(r["tokens_per_s"]), ratio(r, v4), num(r.get("step_ms"), ".2f"),
+                    num(r.get("peak_mb")),
+                    num(r["peak_mb"] / v4["peak_memory_mb"], ".3f") + "x"
+                    if r.get("peak_mb") and v4.get("peak_memory_mb") else "-",
+                    num(m.get("predicted MiB")), num(m.get("error %"), "+.1f") + "%" if m else "-"])
+    if not out:
+        return PLACEHOLDER
+    return table(["run", "tok/s", "x V4 best", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
+                  "model error"], out)
+
+
 def memory_check_block(s: dict) -> str:
     m = s.get("memory")
     if not m:
@@ -328,6 +356,7 @@ BLOCKS = {
     "memory-vs-shape": lambda s: row_table(s, block_rows(s, "memory-vs-shape"), cols=("tok/s", "step ms", "peak MB")),
     "attention-memory": lambda s: row_table(s, block_rows(s, "attention-memory"), cols=("tok/s", "step ms", "peak MB")),
     "memory-check": memory_check_block,
+    "v3-memory-switches": memory_switches_block,
     "levers": lambda s: row_table(s, block_rows(s, "levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
     "fusion-ablations": lambda s: row_table(s, block_rows(s, "fusion-ablations")),
     "gate-up": lambda s: row_table(s, block_rows(s, "gate-up")),

@@ -113,7 +113,10 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "and sequences of 2048: the GEMMs take most of the step, attention's share grows with the "
             "sequence, and the logits (batch x seq x 32k) are the largest activation. Fusions of "
             "memory-bound work buy less here than at the medium size; attention's kernels and the "
-            "output layer are where the time and the memory are.", ""]
+            "output layer are where the time and the memory are.", "",
+            "V3's memory switches at this size, each on its own and all four together, against V4 at "
+            "its best and the memory model's prediction (`bash benchmarks/reproduce.sh switches`):", "",
+            block("v3-memory-switches"), ""]
 
     out += ["## Where the compiled step's time goes", "",
             "V4 medium, compiled (without graphs, so the profiler can attribute each kernel), "
