@@ -154,6 +154,9 @@ def _scaling() -> list[Row]:
     rows += [Row("scaling", f"v4_{mode}_ddp2_profiled", "scaling-overlap", f"V4 {words}, DDP x2", "v4",
                  (*BF16, *flags, "--profile", "pytorch"), gpus=2, baseline=f"v4_{mode}_1gpu")
              for mode, (words, flags) in SCALING_MODES.items()]
+    # and FSDP2's: how much of its gathering and scattering the step pays in full
+    rows.append(Row("scaling", "v4_compile_fsdp2_profiled", "scaling-overlap", "V4 compiled, FSDP2 x2", "v4",
+                    (*BF16, "--compile", "--fsdp", "--profile", "pytorch"), gpus=2, baseline="v4_compile_1gpu"))
     return rows
 
 
