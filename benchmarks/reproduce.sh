@@ -14,8 +14,9 @@
 # every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
 # complete one is skipped. A row that would repeat a run of the medium comparison (the V3 eager
 # baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
-# time (--list) comes from runs on an H200; where one command may run only so long, run the
-# steps a few at a time, each command continuing where the last stopped. The README table
+# time (--list) comes from runs on an H200; where one command may run only so long (a job
+# scheduler's limit), run the steps a few at a time, or set TIME_LIMIT (below) and run the same
+# command until it exits with something other than 3. The README table
 # needs `env compare-medium`.
 # This script measures and writes JSON; it never publishes. Its last step checks:
 #   regress   python -m analysis_tools regress: the throughput of every comparison row and
@@ -31,7 +32,11 @@
 # rounds of the medium and small comparisons' eager rows, which the host paces), BASELINE
 # (docs/published/<gpu>), MEDIUM_MODES / SMALL_MODES / LARGE_MODES (the compare_versions
 # --modes; medium: eager,compile,reduce-overhead-master, small: eager,reduce-overhead, large:
-# reduce-overhead-master). max-autotune is left out by default (minutes of
+# reduce-overhead-master), ROW_TIMEOUT (300: seconds a training row may run before it is
+# stopped and recorded as failed), TIME_LIMIT (seconds: where one command may run only so
+# long, no training row starts that its ROW_TIMEOUT could carry past the limit; the command
+# then stops with exit 3, and the same command run again continues where it stopped).
+# max-autotune is left out by default (minutes of
 # compilation, no faster step); to add it back:
 #   MEDIUM_MODES=eager,compile,reduce-overhead-master,max-autotune \
 #       bash benchmarks/reproduce.sh --force compare-medium
@@ -132,15 +137,21 @@ finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished compa
 # ROW_ENV: VAR=value settings for the run; OK_EXIT: exits that are answers; ROW_GPUS: more
 # than 1 starts the run under torchrun, one process per GPU.
 OK_EXIT=3
+ROW_TIMEOUT=${ROW_TIMEOUT:-300}
+limited=0
 train() {
     local dir=$1 name=$2 script=$3; shift 3
     local out="$W/$dir/$name.json"
     if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
+    if [ -n "${TIME_LIMIT:-}" ] && ((SECONDS - start + ROW_TIMEOUT > TIME_LIMIT)); then
+        [ $limited = 1 ] || say "   $dir/$name and what follows: not started, TIME_LIMIT=$TIME_LIMIT s is less than ROW_TIMEOUT=$ROW_TIMEOUT s away; run the same command again to continue"
+        limited=1; return 0
+    fi
     mkdir -p "$W/$dir"
     local launch=($PY)
     [ "${ROW_GPUS:-1}" -gt 1 ] && launch=($PY -m torch.distributed.run --standalone --nproc-per-node "$ROW_GPUS")
     echo "== $name: ${launch[*]} $script $*" >> "$W/$dir/runs.log"
-    env ${ROW_ENV:-} timeout 300 "${launch[@]}" "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
+    env ${ROW_ENV:-} timeout "$ROW_TIMEOUT" "${launch[@]}" "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
         --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1 &
     RUN_PID=$!
     wait $RUN_PID
@@ -255,6 +266,7 @@ run_step() {
         train analysis v1_profiled $V1 --preset $MEDIUM --precision bf16 --profile pytorch --profile-dir "$A/v1"
         train analysis v3_profiled $V3 --preset $MEDIUM --precision bf16 --compile --profile pytorch --profile-dir "$A/v3"
         train analysis v4_profiled $V4 --preset $MEDIUM --precision bf16 --compile --profile pytorch --profile-dir "$A/v4"
+        [ $limited = 1 ] && return  # the roofline needs all three profiles
         local ceil=(); [ -f "$A/ceilings.json" ] && ceil=(--ceilings "$A/ceilings.json")
         $PY -m analysis_tools roofline --preset $MEDIUM --precision bf16 --device "$DEVICE" "${ceil[@]}" \
             --kernels "v1=$A/v1/pytorch/kernel_table.csv" --kernels "v3=$A/v3/pytorch/kernel_table.csv" \
@@ -270,7 +282,7 @@ run_step() {
         grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
     memory)
         run_rows memory
-        if ! have "$W/memory/memory_check.json"; then
+        if [ $limited = 0 ] && ! have "$W/memory/memory_check.json"; then  # once every row ran
             local ok=(); for f in "$W"/memory/v1_*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
             $PY -m analysis_tools memory "${ok[@]}" --json "$W/memory/memory_check.json" \
                 --out-dir "$W/memory" > "$W/memory/memory_check.log" 2>&1 || failed=1
@@ -281,7 +293,7 @@ run_step() {
         run_rows switches
         # the memory model's prediction for each finished row (a row that ran out of memory has none)
         local ok=(); for f in "$W"/switches/*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
-        if [ ${#ok[@]} -gt 0 ] && ! have "$W/switches/memory_check.json"; then
+        if [ $limited = 0 ] && [ ${#ok[@]} -gt 0 ] && ! have "$W/switches/memory_check.json"; then
             $PY -m analysis_tools memory "${ok[@]}" --json "$W/switches/memory_check.json" \
                 > "$W/switches/memory_check.log" 2>&1 || failed=1
             head -n 9 "$W/switches/memory_check.log"
@@ -348,6 +360,10 @@ expected=$(for s in "${STEPS_ASKED[@]}"; do  # scaling is skipped below 2 GPUs
            | awk '{sub(/^~/, "", $1); t += $1} END {printf "%.0f", t}')
 say "reproduce on $GPU ($DEVICE): steps ${STEPS_ASKED[*]}; rows in $W"
 [ $QUICK = 1 ] || say "expected: about $expected min on an H200 for these steps from scratch"
-for step in "${STEPS_ASKED[@]}"; do run_step "$step"; done
+for step in "${STEPS_ASKED[@]}"; do [ $limited = 1 ] || run_step "$step"; done
+if [ $limited = 1 ]; then
+    say "stopped at the time limit after $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s: run the same command again to continue"
+    exit 3
+fi
 say "done in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s$([ $failed = 0 ] || echo ', with failures (see the logs in '"$W"')')"
 exit $failed

@@ -351,6 +351,19 @@ def test_a_stopped_reproduce_stops_its_run(tmp_path):
     assert not left, f"the row's run is still running: pids {left.split()}"
 
 
+def test_a_time_limit_starts_no_row_it_could_cut(tmp_path):
+    """TIME_LIMIT: no training row starts that its ROW_TIMEOUT could carry past the limit; the
+    command says so, skips the steps after it and exits 3, so a loop knows to run it again."""
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable, "TIME_LIMIT": "60",
+           "ROW_TIMEOUT": "120"}
+    proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "levers", "memory"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "levers/prec_fp32 and what follows: not started" in proc.stdout
+    assert "== memory" not in proc.stdout and "run the same command again to continue" in proc.stdout
+    assert not list((tmp_path / "reproduce" / "cpu-quick").glob("*/*.json"))
+
+
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
     report = tmp_path / "compare.json"
     report.write_text(json.dumps({"runs": [{"version": "v1", "mode": "eager", "exit_code": 3,
