@@ -209,6 +209,17 @@ run_rows() {
     done 3<<< "$listing"
 }
 
+# memory_check DIR ROW.json...: the memory model's prediction against each finished row (a
+# row that ran out of memory has none) -> DIR/memory_check.json, once every row of the step
+# ran; false where it did not run now
+memory_check() {
+    local dir=$1 f ok=(); shift
+    for f in "$@"; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
+    [ $limited = 0 ] && [ ${#ok[@]} -gt 0 ] && ! have "$dir/memory_check.json" || return 1
+    $PY -m analysis_tools memory "${ok[@]}" --json "$dir/memory_check.json" --out-dir "$dir" \
+        > "$dir/memory_check.log" 2>&1 || failed=1
+}
+
 COMPARISONS=(medium small large)  # the presets of the compare-* steps
 V1=version1_baseline/tiny_llama_v1.py
 V3=version3_triton/tiny_llama_v3.py
@@ -282,22 +293,11 @@ run_step() {
         grep -E "^stage|symptom|->" "$W/debug/stages.log" | head -20 ;;
     memory)
         run_rows memory
-        if [ $limited = 0 ] && ! have "$W/memory/memory_check.json"; then  # once every row ran
-            local ok=(); for f in "$W"/memory/v1_*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
-            $PY -m analysis_tools memory "${ok[@]}" --json "$W/memory/memory_check.json" \
-                --out-dir "$W/memory" > "$W/memory/memory_check.log" 2>&1 || failed=1
-            tail -n 8 "$W/memory/memory_check.log"
-        fi ;;
+        memory_check "$W/memory" "$W"/memory/v1_*.json && tail -n 8 "$W/memory/memory_check.log" ;;
     levers|fusion|blocks|sdpa) run_rows "$1" ;;
     switches)
         run_rows switches
-        # the memory model's prediction for each finished row (a row that ran out of memory has none)
-        local ok=(); for f in "$W"/switches/*.json; do grep -q '"schema_version"' "$f" && ok+=("$f"); done
-        if [ $limited = 0 ] && [ ${#ok[@]} -gt 0 ] && ! have "$W/switches/memory_check.json"; then
-            $PY -m analysis_tools memory "${ok[@]}" --json "$W/switches/memory_check.json" \
-                > "$W/switches/memory_check.log" 2>&1 || failed=1
-            head -n 9 "$W/switches/memory_check.log"
-        fi ;;
+        memory_check "$W/switches" "$W"/switches/*.json && head -n 9 "$W/switches/memory_check.log" ;;
     scaling)
         if [ "$NGPU" -lt 2 ]; then say "   skipped: data-parallel scaling needs 2 or more GPUs ($NGPU here)"; return; fi
         # NVLink multicast (NVLS) stays off, as in benchmarks/ddp_scaling.sh (docs/MULTI_GPU.md)
