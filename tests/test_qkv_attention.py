@@ -85,6 +85,29 @@ def test_recompute_rope_gives_the_same_bits_and_keeps_no_rotated_q_k(operators):
     assert rotated in kept and rotated not in kept_r, (kept, kept_r)
 
 
+def test_recompute_rope_keeps_no_rotated_q_k_under_torch_compile():
+    """Compiled, the backward's rotation must not become the forward's RoPE call again:
+    two identical operator calls are merged into one by the compiler, whose output is
+    then kept for the backward, as if recompute_rope were off. What the compiled forward
+    hands its backward (the saved tensors) must hold no rotated q and k."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    qkv, _, cos, sin = qkv_inputs(1, 4, 2, 9, 16)
+    rotated = (1, 9, 4 + 2, 16)  # (B, T, q and k heads, D)
+
+    def kept_by_forward(recompute):
+        torch._dynamo.reset()
+        backend = AotEagerAndRecordGraphs()
+        fn = torch.compile(lambda x: tk.qkv_attention(x, cos, sin, 4, recompute_rope=recompute),
+                           backend=backend, fullgraph=True)
+        fn(qkv.clone().requires_grad_()).sum().backward()
+        (output,) = [n for n in backend.fw_graphs[0].graph.nodes if n.op == "output"]
+        return [tuple(a.meta["val"].shape) for a in output.args[0] if "val" in a.meta]
+
+    assert rotated in kept_by_forward(False), "the default keeps them: test is moot"
+    assert rotated not in kept_by_forward(True)
+
+
 def test_bad_head_counts_are_refused():
     qkv, _, cos, sin = qkv_inputs(1, 2, 1, 5, 16)  # 2 + 2 * 1 heads
     with pytest.raises(ValueError, match="qkv_attention wants"):

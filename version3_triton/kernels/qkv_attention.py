@@ -21,6 +21,10 @@ Nothing is gathered afterwards.
 The backward needs the rotated q and k. Kept from the forward they cost a copy of q and k
 per layer until the backward; with recompute_rope the backward rotates them again from
 qkv (kept anyway, for v): memory for one more RoPE kernel per layer (--recompute-rope).
+Under torch.compile that rotation happens inside the backward's operator: a RoPE operator
+of its own in the backward would be the forward's call again (same operator, same input),
+which the compiler merges into one and keeps its output for the backward - the very copy
+recompute_rope exists to drop.
 """
 from __future__ import annotations
 
@@ -43,11 +47,14 @@ def _split(qkv: torch.Tensor, qk: torch.Tensor, n_heads: int):
             qkv[:, :, H + H_kv:].transpose(1, 2))
 
 
-def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: torch.Tensor,
+def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: Optional[torch.Tensor],
                            o: torch.Tensor, lse: torch.Tensor, cos: torch.Tensor,
                            sin: torch.Tensor, n_heads: int, sm_scale: float) -> torch.Tensor:
     """The gradient of qkv (B, T, H + 2*H_kv, D), written in place by the kernels:
-    dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs."""
+    dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs.
+    qk None (recompute_rope): q and k are rotated again here first."""
+    if qk is None:
+        qk = _rotate(qkv, cos, sin, n_heads)
     return _backward(grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale,
                      _split(qkv, qk, n_heads))
 
@@ -86,8 +93,7 @@ def _rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: in
     """The q and k heads of qkv rotated by RoPE in one kernel: (B, T, n_heads + H_kv, D),
     as QKVAttention's forward rotates them (for its backward, with recompute_rope)."""
     H_kv = (qkv.shape[2] - n_heads) // 2
-    rope = _rope_op if common.through_operators() else rope_forward
-    return rope(qkv[:, :, :n_heads + H_kv], cos, sin, False)
+    return rope_forward(qkv[:, :, :n_heads + H_kv], cos, sin, False)
 
 
 class QKVAttention(torch.autograd.Function):
@@ -113,14 +119,14 @@ class QKVAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         qkv, qk, o, lse, cos, sin, q, k, v = ctx.saved_tensors
+        if common.through_operators():  # an operator takes tensors, not a tuple of views;
+            # qk None (recompute_rope): the operator rotates q and k again itself
+            d_qkv = _backward_op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
+            return d_qkv, None, None, None, None, None
         if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
             qk = _rotate(qkv, cos, sin, ctx.n_heads)
             q, k, _ = _split(qkv, qk, ctx.n_heads)
-        saved = (qkv, qk, o, lse, cos, sin)
-        if common.through_operators():  # an operator takes tensors, not a tuple of views
-            d_qkv = _backward_op(grad_o, *saved, ctx.n_heads, ctx.sm_scale)
-        else:
-            d_qkv = _backward(grad_o, *saved, ctx.n_heads, ctx.sm_scale, (q, k, v))
+        d_qkv = _backward(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale, (q, k, v))
         return d_qkv, None, None, None, None, None
 
 
