@@ -58,6 +58,15 @@ def test_the_flop_counter_counts_attention_once_each_way():
                       "tinyllama_v3.qkv_attention_backward": 2.5 * forward}
 
 
+def test_the_flop_counter_counts_the_recomputing_backward_the_same():
+    """recompute_rope's backward is an operator of its own (it rotates q and k inside):
+    the same attention FLOPs, the rotation adding none."""
+    counts, forward = counted_flops(
+        lambda qkv, cos, sin, heads, kv_heads: tk.qkv_attention(qkv, cos, sin, heads, recompute_rope=True))
+    assert counts == {"tinyllama_v3.attention_forward": forward,
+                      "tinyllama_v3.qkv_attention_backward_rotating": 2.5 * forward}
+
+
 @pytest.mark.slow
 def test_torch_compile_traces_through_qkv_attention():
     assert_compiles_like_eager(lambda qkv, cos, sin: tk.qkv_attention(qkv * 0.5, cos, sin, 2))
@@ -86,10 +95,11 @@ def test_recompute_rope_gives_the_same_bits_and_keeps_no_rotated_q_k(operators):
 
 
 def test_recompute_rope_keeps_no_rotated_q_k_under_torch_compile():
-    """Compiled, the backward's rotation must not become the forward's RoPE call again:
-    two identical operator calls are merged into one by the compiler, whose output is
-    then kept for the backward, as if recompute_rope were off. What the compiled forward
-    hands its backward (the saved tensors) must hold no rotated q and k."""
+    """Compiled, the backward's rotation must stay in the backward: a computation that needs
+    nothing of the backward the compiler may move into the forward (or merge with the
+    forward's identical call) and keep its output, as if recompute_rope were off. What the
+    compiled forward hands its backward (the saved tensors) must hold no rotated q and k.
+    (On a CPU the operators are opaque custom_ops; the GPU test below covers triton_op.)"""
     from torch._dynamo.testing import AotEagerAndRecordGraphs
 
     qkv, _, cos, sin = qkv_inputs(1, 4, 2, 9, 16)
@@ -176,3 +186,30 @@ def test_gpu_inductor_launches_qkv_attention_itself():
     assert "torch.ops.tinyllama_v3" not in code, "the compiled code calls back into Python"
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_recompute_rope_holds_no_rotated_q_k():
+    """Compiled by Inductor (the triton_op path, which traces into the operators), the step
+    from forward to backward holds exactly one copy of q and k less with recompute_rope: the
+    rotation stays in the backward (kernels/qkv_attention.py says why that takes an opaque
+    operator)."""
+    B, T, H, H_kv, D = 2, 256, 8, 4, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(B, T, H + 2 * H_kv, D, device="cuda", dtype=torch.bfloat16,
+                      generator=g).requires_grad_()
+    cos, sin = (torch.randn(T, D, device="cuda", generator=g) for _ in range(2))
+
+    def held_after_forward(recompute):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t: tk.qkv_attention(t * 2, cos, sin, H, recompute_rope=recompute))
+        fn(qkv).float().sum().backward()  # compiles both graphs
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = fn(qkv)
+        held = torch.cuda.memory_allocated() - before
+        out.float().sum().backward()
+        return held
+
+    rotated = B * T * (H + H_kv) * D * 2  # bytes of the rotated q and k, bf16
+    assert held_after_forward(False) - held_after_forward(True) == pytest.approx(rotated, rel=0.01)

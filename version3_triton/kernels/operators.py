@@ -37,8 +37,9 @@ USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, 
                  and not INTERPRET)  # wrap_triton cannot run interpreted kernels
 
 
-def define_op(name: str, fn, fake):
-    """Register the launcher `fn` as the operator tinyllama_v3::name."""
+def define_op(name: str, fn, fake, opaque: bool = False):
+    """Register the launcher `fn` as the operator tinyllama_v3::name. opaque: a custom_op
+    even where triton_op exists - torch.compile gets one node and does not trace the body."""
     if hasattr(getattr(torch.ops, LIBRARY), name):  # registered already (module imported twice)
         return getattr(getattr(torch.ops, LIBRARY), name)
 
@@ -51,7 +52,7 @@ def define_op(name: str, fn, fake):
         finally:
             IN_OPERATOR = outer
 
-    if USE_TRITON_OP:  # its fake is the body itself, run on fake tensors
+    if USE_TRITON_OP and not opaque:  # its fake is the body itself, run on fake tensors
         return torch.library.triton_op(f"{LIBRARY}::{name}", mutates_args=())(body)
     op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(body)
     op.register_fake(fake)

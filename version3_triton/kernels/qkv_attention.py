@@ -21,10 +21,15 @@ Nothing is gathered afterwards.
 The backward needs the rotated q and k. Kept from the forward they cost a copy of q and k
 per layer until the backward; with recompute_rope the backward rotates them again from
 qkv (kept anyway, for v): memory for one more RoPE kernel per layer (--recompute-rope).
-Under torch.compile that rotation happens inside the backward's operator: a RoPE operator
-of its own in the backward would be the forward's call again (same operator, same input),
-which the compiler merges into one and keeps its output for the backward - the very copy
-recompute_rope exists to drop.
+Under torch.compile that rotation must stay in the backward, which takes some doing: the
+compiler splits one training step into a forward and a backward graph, and a computation
+that needs nothing of the backward (the rotation needs only qkv and the tables) it is free
+to run in the forward and keep its output - here, the very copy recompute_rope exists to
+drop. A RoPE operator of its own in the backward is even merged with the forward's identical
+call. So the recomputing backward is one operator, `qkv_attention_backward_rotating`, that
+takes the output's gradient and rotates q and k inside, and it is opaque to the compiler (a
+custom_op, not a triton_op: the compiler would trace into a triton_op and find the rotation
+standing alone again). Under CUDA graphs its launches are captured like the rest.
 """
 from __future__ import annotations
 
@@ -47,16 +52,21 @@ def _split(qkv: torch.Tensor, qk: torch.Tensor, n_heads: int):
             qkv[:, :, H + H_kv:].transpose(1, 2))
 
 
-def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: Optional[torch.Tensor],
+def qkv_attention_backward(grad_o: torch.Tensor, qkv: torch.Tensor, qk: torch.Tensor,
                            o: torch.Tensor, lse: torch.Tensor, cos: torch.Tensor,
                            sin: torch.Tensor, n_heads: int, sm_scale: float) -> torch.Tensor:
     """The gradient of qkv (B, T, H + 2*H_kv, D), written in place by the kernels:
-    dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs.
-    qk None (recompute_rope): q and k are rotated again here first."""
-    if qk is None:
-        qk = _rotate(qkv, cos, sin, n_heads)
+    dv by attention's dK/dV kernel, dq and dk by the inverse rotation of theirs."""
     return _backward(grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale,
                      _split(qkv, qk, n_heads))
+
+
+def qkv_attention_backward_rotating(grad_o: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor,
+                                    lse: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                    n_heads: int, sm_scale: float) -> torch.Tensor:
+    """qkv_attention_backward with q and k rotated again from qkv first (recompute_rope)."""
+    return qkv_attention_backward(grad_o, qkv, _rotate(qkv, cos, sin, n_heads), o, lse, cos,
+                                  sin, n_heads, sm_scale)
 
 
 def _backward(grad_o, qkv, qk, o, lse, cos, sin, n_heads: int, sm_scale: float, views: tuple):
@@ -76,6 +86,10 @@ _backward_op = common.define_op(
     "qkv_attention_backward", qkv_attention_backward,
     lambda grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale: common.empty(
         qkv.shape, qkv.dtype, qkv.device))
+_rotating_backward_op = common.define_op(  # opaque: see the top of this file
+    "qkv_attention_backward_rotating", qkv_attention_backward_rotating,
+    lambda grad_o, qkv, o, lse, cos, sin, n_heads, sm_scale: common.empty(
+        qkv.shape, qkv.dtype, qkv.device), opaque=True)
 
 
 def _qkv_backward_flops(grad_shape, qkv_shape, qk_shape, o_shape=None, lse_shape=None,
@@ -85,8 +99,17 @@ def _qkv_backward_flops(grad_shape, qkv_shape, qk_shape, o_shape=None, lse_shape
     return _backward_flops(grad_shape, (B, n_heads, T, D), (B, qk_shape[2] - n_heads, T, D))
 
 
+def _rotating_backward_flops(grad_shape, qkv_shape, o_shape=None, lse_shape=None, cos_shape=None,
+                             sin_shape=None, n_heads=None, sm_scale=None, **kwargs) -> int:
+    B, T, heads, D = qkv_shape  # the rotation adds no matrix FLOPs
+    return _qkv_backward_flops(grad_shape, qkv_shape, (B, T, (heads + n_heads) // 2, D),
+                               n_heads=n_heads)
+
+
 torch.utils.flop_counter.register_flop_formula(
     getattr(torch.ops, common.LIBRARY).qkv_attention_backward)(_qkv_backward_flops)
+torch.utils.flop_counter.register_flop_formula(
+    getattr(torch.ops, common.LIBRARY).qkv_attention_backward_rotating)(_rotating_backward_flops)
 
 
 def _rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -119,9 +142,10 @@ class QKVAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         qkv, qk, o, lse, cos, sin, q, k, v = ctx.saved_tensors
-        if common.through_operators():  # an operator takes tensors, not a tuple of views;
-            # qk None (recompute_rope): the operator rotates q and k again itself
-            d_qkv = _backward_op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
+        if common.through_operators():  # an operator takes tensors, not a tuple of views
+            d_qkv = (_backward_op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
+                     if qk is not None else  # recompute_rope: the operator rotates them itself
+                     _rotating_backward_op(grad_o, qkv, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale))
             return d_qkv, None, None, None, None, None
         if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
             qk = _rotate(qkv, cos, sin, ctx.n_heads)
