@@ -210,6 +210,19 @@ def train_bf16(tmp_path, mode, *flags) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """train_bf16 without switches, once per mode for the whole module: each switch's
+    test compares against it (a compiled run costs tens of seconds of GPU time)."""
+    runs = {}
+
+    def run(mode) -> dict:
+        if tuple(mode) not in runs:
+            runs[tuple(mode)] = train_bf16(tmp_path_factory.mktemp("default"), mode)
+        return runs[tuple(mode)]
+    return run
+
+
 GPU_MODES = pytest.mark.parametrize(
     "mode", [[], ["--compile", "--compile-mode", "reduce-overhead"],
              ["--compile", "--compile-mode", "reduce-overhead", "--optimizer", "master"]],
@@ -218,10 +231,10 @@ GPU_MODES = pytest.mark.parametrize(
 
 @pytest.mark.gpu
 @GPU_MODES
-def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
+def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, default_run, mode):
     """bf16, eager and compiled with graphs (the loss runs outside the compiled graph): the
     same losses as the default run within bf16's rounding, and every gradient flows."""
-    plain, fused = train_bf16(tmp_path, mode), train_bf16(tmp_path, mode, "--fused-linear-ce")
+    plain, fused = default_run(mode), train_bf16(tmp_path, mode, "--fused-linear-ce")
     assert fused["options"]["fused_linear_ce"] and fused["gradient_guard"]["passed"]
     assert fused["losses"] == pytest.approx(plain["losses"], rel=2e-2)
 
@@ -229,10 +242,10 @@ def test_gpu_fused_linear_ce_trains_like_the_logits_path(tmp_path, mode):
 @pytest.mark.gpu
 @GPU_MODES
 @pytest.mark.parametrize("switch", ["recompute_norm", "recompute_rope", "recompute_swiglu"])
-def test_gpu_a_recomputation_trains_like_the_default(tmp_path, mode, switch):
+def test_gpu_a_recomputation_trains_like_the_default(tmp_path, default_run, mode, switch):
     """The same losses (within bf16's rounding: compiled code may fuse differently), every
     gradient flowing, in eager mode and with graphs (with and without master weights)."""
-    plain = train_bf16(tmp_path, mode)
+    plain = default_run(mode)
     recomputed = train_bf16(tmp_path, mode, "--" + switch.replace("_", "-"))
     assert recomputed["options"][switch] and recomputed["gradient_guard"]["passed"]
     assert recomputed["losses"] == pytest.approx(plain["losses"], rel=2e-2)
