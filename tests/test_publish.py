@@ -161,6 +161,32 @@ def test_each_machines_rows_keep_the_1gpu_run_measured_with_them(tmp_path, monke
     assert "Measured on 2 x " in text and "Measured on 4 x " in text and "measured with it" in text
 
 
+def test_the_docs_show_the_gpu_counts_another_gpu_model_measured(tmp_path, monkeypatch):
+    """4 GPUs of another model (a set of its own, holding only the scaling step): the docs'
+    scaling table shows its 4-GPU rows beside the quoted set's, captioned with their machine
+    and divided by their own 1-GPU run; rows the quoted set has stay its own, and the quoted
+    set's page shows its GPU model only."""
+    monkeypatch.setattr(publish, "_plots", lambda *a: None)
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    pub = tmp_path / "published"
+    shutil.copytree(REPO / "docs/published/h200", pub / "h200")
+    work = tmp_path / "h100"
+    (work / "scaling").mkdir(parents=True)
+    (work / "experiments.json").write_text(json.dumps(experiments.manifest()))
+    for name, n, rate in (("v4_best_1gpu", 1, 300_000.0), ("v4_best_ddp2", 2, 1.0),
+                          ("v4_best_ddp4", 4, 1_080_000.0)):
+        r = scaling_result(template, n, rate)
+        r["device"]["name"] = "NVIDIA H100 80GB HBM3"
+        (work / "scaling" / f"{name}.json").write_text(json.dumps(r))
+    publish.publish_work(work, pub)  # a new set: docs/published/h100/
+    own = json.loads((pub / "h200/summary.json").read_text())
+    text = blocks.render("scaling", publish.with_other_machines(own, "h200", pub))
+    assert "| V4 graphs + master weights, DDP x4 | 4 | 1,080,000 | 270,000 | 90.0% |" in text
+    assert "Measured on 4 x NVIDIA H100 80GB HBM3" in text and "measured with it" in text
+    assert "| V4 graphs + master weights, DDP x2 | 2 | 1 |" not in text  # the quoted set's row
+    assert "x4" not in blocks.render("scaling", own)
+
+
 def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path, monkeypatch):
     """The switches step: V3 at the large preset with each memory switch, a row each (their
     preset travels in the listing reproduce reads), shown against V4's best large run and

@@ -317,6 +317,23 @@ def load_set(gpu: str = PRIMARY_GPU) -> dict | None:
     return s
 
 
+def with_other_machines(s: dict | None, gpu: str, published: Path = PUBLISHED) -> dict | None:
+    """The quoted set plus the data-parallel rows of the scaling step that it lacks and another
+    GPU model's set has: a GPU count no machine of the quoted model offered (4 x H100 beside
+    1 and 2 x H200). Each such row carries its machine, date and the 1-GPU throughput it was
+    measured against on that machine, which the scaling table captions and divides by."""
+    if s is None:
+        return None
+    rows = dict(s["rows"])
+    for path in sorted(published.glob("*/summary.json")):
+        if path.parent.name == gpu:
+            continue
+        for key, r in json.loads(path.read_text()).get("rows", {}).items():
+            if key.startswith("scaling/") and key not in rows and (r.get("world_size") or 1) > 1:
+                rows[key] = r
+    return {**s, "rows": rows}
+
+
 def fill(text: str, s: dict | None) -> str:
     return BLOCK.sub(lambda m: m.group(1) + render(m.group(2), s).rstrip("\n") + "\n" + m.group(4), text)
 
@@ -330,9 +347,10 @@ def markdown_files() -> list[Path]:
 
 def publish(check: bool, gpu: str = PRIMARY_GPU) -> int:
     s = load_set(gpu)
+    quoted = with_other_machines(s, gpu)  # the docs; the set's own page shows its GPU model only
     stale = []
-    targets = {p: fill(p.read_text(), s) for p in markdown_files() if BLOCK.search(p.read_text())}
-    targets[REPO / "docs" / "RESULTS.md"] = results_page(s, image_dir=f"published/{gpu}/")
+    targets = {p: fill(p.read_text(), quoted) for p in markdown_files() if BLOCK.search(p.read_text())}
+    targets[REPO / "docs" / "RESULTS.md"] = results_page(quoted, image_dir=f"published/{gpu}/")
     if s:  # the set's own page, from the same data and the same text
         targets[PUBLISHED / gpu / "RESULTS.md"] = results_page(s, image_dir="")
     for path, new in targets.items():

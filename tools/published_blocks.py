@@ -105,8 +105,8 @@ def scaling_table(s: dict, block: str) -> str:
         return PLACEHOLDER
     caption = " ".join(machines[n] for n in sorted(machines))
     if len(machines) > 1:
-        caption += (" The 1-GPU rows shown were published last; each multi-GPU row's efficiency is "
-                    "against the 1-GPU run measured with it, on its machine.")
+        caption += (" The 1-GPU rows shown are the last published for this page's GPU model; each "
+                    "multi-GPU row's efficiency is against the 1-GPU run measured with it, on its machine.")
     return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
                   "fwd / bwd / opt ms", "peak MB per GPU"], out) + (f"\n\n{caption}" if caption else "")
 
