@@ -179,7 +179,7 @@ def test_the_docs_show_the_gpu_counts_another_gpu_model_measured(tmp_path, monke
         r["device"]["name"] = "NVIDIA H100 80GB HBM3"
         (work / "scaling" / f"{name}.json").write_text(json.dumps(r))
     publish.publish_work(work, pub)  # a new set: docs/published/h100/
-    own = json.loads((pub / "h200/summary.json").read_text())
+    own = publish.load_set("h200", pub)
     text = blocks.render("scaling", publish.with_other_machines(own, "h200", pub))
     assert "| V4 graphs + master weights, DDP x4 | 4 | 1,080,000 | 270,000 | 90.0% |" in text
     assert "Measured on 4 x NVIDIA H100 80GB HBM3" in text and "measured with it" in text

@@ -307,8 +307,8 @@ def results_page(s: dict | None, image_dir: str) -> str:
 
 
 # ---------------------------------------------------------------- filling the docs
-def load_set(gpu: str = PRIMARY_GPU) -> dict | None:
-    path = PUBLISHED / gpu / "summary.json"
+def load_set(gpu: str = PRIMARY_GPU, published: Path = PUBLISHED) -> dict | None:
+    path = published / gpu / "summary.json"
     if not path.exists():
         return None
     s = json.loads(path.read_text())
@@ -325,10 +325,10 @@ def with_other_machines(s: dict | None, gpu: str, published: Path = PUBLISHED) -
     if s is None:
         return None
     rows = dict(s["rows"])
-    for path in sorted(published.glob("*/summary.json")):
-        if path.parent.name == gpu:
+    for other in sorted(p.parent.name for p in published.glob("*/summary.json")):
+        if other == gpu:
             continue
-        for key, r in json.loads(path.read_text()).get("rows", {}).items():
+        for key, r in load_set(other, published)["rows"].items():
             if key.startswith("scaling/") and key not in rows and (r.get("world_size") or 1) > 1:
                 rows[key] = r
     return {**s, "rows": rows}

@@ -101,9 +101,8 @@ def _qkv_backward_flops(grad_shape, qkv_shape, qk_shape, o_shape=None, lse_shape
 
 def _rotating_backward_flops(grad_shape, qkv_shape, o_shape=None, lse_shape=None, cos_shape=None,
                              sin_shape=None, n_heads=None, sm_scale=None, **kwargs) -> int:
-    B, T, heads, D = qkv_shape  # the rotation adds no matrix FLOPs
-    return _qkv_backward_flops(grad_shape, qkv_shape, (B, T, (heads + n_heads) // 2, D),
-                               n_heads=n_heads)
+    B, T, heads, D = qkv_shape  # attention's backward; the rotation adds no matrix FLOPs
+    return _backward_flops(grad_shape, (B, n_heads, T, D), (B, (heads - n_heads) // 2, T, D))
 
 
 torch.utils.flop_counter.register_flop_formula(
