@@ -166,6 +166,26 @@ def test_gpu_qkv_attention_low_precision_error_within_2x_pytorch():
             f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
 
 
+def test_an_opaque_operator_runs_its_body_as_eager_code(monkeypatch):
+    """The compiled code calls an opaque operator's body at run time - under CUDA graphs,
+    while they capture - so the body launches as eager code does (kernels bound, tuned
+    before), never through wrap_triton, whose autotuner would time candidates mid-capture."""
+    from version3_triton.kernels import operators
+    seen = []
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        seen.append(operators.IN_OPERATOR)
+        return x * 2
+
+    monkeypatch.setattr(operators, "USE_TRITON_OP", True)  # as on a GPU: opaque decides
+    op = operators.define_op("opaque_probe_for_tests", probe, lambda x: torch.empty_like(x),
+                             opaque=True)
+    x = torch.ones(3)
+    assert torch.equal(op(x), x * 2)
+    assert torch.equal(torch.compile(lambda t: op(t) + 1, backend="aot_eager")(x), x * 2 + 1)
+    assert seen == [False, False]
+
+
 @pytest.mark.gpu
 def test_gpu_inductor_launches_qkv_attention_itself():
     """Under torch.compile Inductor launches the RoPE and attention kernels of the

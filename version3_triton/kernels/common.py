@@ -79,7 +79,7 @@ def launch(spec: KernelSpec, fn, key: list, grid, *args, **constexprs) -> None:
     configuration its autotuner picks; a call like one before runs the kernel that call
     ran, directly. Inside a torch.library.triton_op, wrap_triton lets torch.compile see
     the launch (Inductor then launches the kernel itself)."""
-    if not BIND or (operators.IN_OPERATOR and USE_TRITON_OP):
+    if not BIND or operators.IN_OPERATOR:
         _launch_through_triton(spec, fn, key, grid, args, constexprs)
         return
     device = torch._C._cuda_getDevice()
@@ -339,7 +339,7 @@ def _launch_through_triton(spec: KernelSpec, fn, key: list, grid, args, constexp
     if _TUNED_UNDER.get(tuner_key) != knobs:
         tuner.cache.clear()
         _TUNED_UNDER[tuner_key] = knobs
-    run = torch.library.wrap_triton(tuner) if operators.IN_OPERATOR and USE_TRITON_OP else tuner
+    run = torch.library.wrap_triton(tuner) if operators.IN_OPERATOR else tuner
     kernel = run[grid](*args, **constexprs)
     how = ("forced" if forced else "autotuned" if configs.AUTOTUNE and not INTERPRET
            else "first candidate")
@@ -360,7 +360,7 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs):
         ruled = _RULED[(spec.name, size, repr(forced))] = (config, tuner)
     config, tuner = ruled
     _LAST[spec.name] = ("forced" if forced else "rule", config)
-    if operators.IN_OPERATOR and USE_TRITON_OP:
+    if operators.IN_OPERATOR:
         return torch.library.wrap_triton(tuner)[grid](*args, **constexprs)
     return fn[grid(config)](*args, **constexprs, **config)
 

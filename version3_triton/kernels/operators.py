@@ -31,7 +31,7 @@ from .target import INTERPRET
 # (`--profile flopcounter`) therefore counts its one step inside `eager_operators()`,
 # which the V3 model offers as `model.flop_counting`.
 LIBRARY = "tinyllama_v3"
-IN_OPERATOR = False  # True while an operator's body runs: its launches go through wrap_triton
+IN_OPERATOR = False  # True while a triton_op's body runs: its launches go through wrap_triton
 _EAGER_OPERATORS = 0  # > 0 inside eager_operators(): eager calls go through the operators
 USE_TRITON_OP = (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
                  and not INTERPRET)  # wrap_triton cannot run interpreted kernels
@@ -42,6 +42,13 @@ def define_op(name: str, fn, fake, opaque: bool = False):
     even where triton_op exists - torch.compile gets one node and does not trace the body."""
     if hasattr(getattr(torch.ops, LIBRARY), name):  # registered already (module imported twice)
         return getattr(getattr(torch.ops, LIBRARY), name)
+    if not USE_TRITON_OP or opaque:
+        # A custom_op's body is never traced: the compiled code calls it like eager code
+        # (under CUDA graphs while they capture, so its launches must not autotune then),
+        # and it launches as eager code does.
+        op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(fn)
+        op.register_fake(fake)
+        return op
 
     @functools.wraps(fn)
     def body(*args, **kwargs):
@@ -52,11 +59,8 @@ def define_op(name: str, fn, fake, opaque: bool = False):
         finally:
             IN_OPERATOR = outer
 
-    if USE_TRITON_OP and not opaque:  # its fake is the body itself, run on fake tensors
-        return torch.library.triton_op(f"{LIBRARY}::{name}", mutates_args=())(body)
-    op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(body)
-    op.register_fake(fake)
-    return op
+    # its fake is the body itself, run on fake tensors
+    return torch.library.triton_op(f"{LIBRARY}::{name}", mutates_args=())(body)
 
 
 def through_operators() -> bool:
