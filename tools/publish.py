@@ -196,6 +196,27 @@ TABLES = (("kernels.json", "kernels.json", "kernels"),
 PLOTS = ("analysis/roofline_medium.png", "memory/memory_model.png")
 
 
+# A table computed from its step's rows (the memory checks) carries no date or commit of its
+# own: it has its rows' newest
+_TABLE_STEPS = {(Path(dst).stem if dst else key): Path(src).parent.name for src, dst, key in TABLES}
+
+
+def _stamped(entry: dict, rows: dict, table=None) -> dict:
+    """An `updated` entry, with the date and commit of the newest row it was computed from
+    where the part is such a table and has none of its own."""
+    step = _TABLE_STEPS.get(entry["part"])
+    if entry.get("created") or step in (None, ".") or not isinstance(table, (list, type(None))):
+        return entry
+    names = {r.get("file") for r in table} if table else {k.split("/", 1)[1] for k in rows
+                                                          if k.startswith(step + "/")}
+    stamps = [(rows[k].get("created"), rows[k].get("git_commit")) for k in
+              (f"{step}/{n}" for n in names) if k in rows and rows[k].get("created")]
+    if not stamps:
+        return entry
+    created, commit = max(stamps)
+    return {**entry, "created": created, "git_commit": commit}
+
+
 def _steps_beside_rows(work: Path, out: Path, summary: dict) -> dict:
     """Copy the tables, profiles and plots found in `work` into `out` and `summary`; returns
     {part: its data} for each table found (the profiled runs are rows of their own)."""
@@ -272,13 +293,10 @@ def update(work: Path, out: Path) -> dict:
     write_json(out / "rows.json", rows, indent=None)
     summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
-
-    def when(data, field: str):  # a table may be a list (the memory check) or lack a field
-        return data.get(field) if isinstance(data, dict) else None
-
-    summary["updated"] = kept + [{"part": part, "created": when(data, "created"),
-                                  "git_commit": when(data, "git_commit")}
-                                 for part, data in parts.items()]
+    summary["updated"] = [_stamped(u, rows) for u in kept] + [
+        _stamped({"part": part, "created": data.get("created") if isinstance(data, dict) else None,
+                  "git_commit": data.get("git_commit") if isinstance(data, dict) else None}, rows,
+                 data) for part, data in parts.items()]
     summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
     write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
