@@ -93,6 +93,8 @@ def _fusion() -> list[Row]:
                 same_as="reduce-overhead-master")]
     rows += [Row("fusion", f"v3_graphs_master_no_{s}", "v3-fusions", f"the same, `--no-{_flag(s)[2:]}`", "v3",
                  (*BF16, *GRAPHS, f"--no-{_flag(s)[2:]}")) for s in V3_FUSIONS_OFF]
+    rows.append(Row("fusion", "v3_graphs_master_fused_linear_ce", "v3-fusions", "the same, `--fused-linear-ce`",
+                    "v3", (*BF16, *GRAPHS, "--fused-linear-ce")))
     rows += [Row("fusion", "v3_eager", "v3-fusions", "V3 eager", "v3", BF16, same_as="eager"),
              Row("fusion", "v3_eager_rope_in_attention", "v3-fusions", "the same, `--rope-in-attention`", "v3",
                  (*BF16, "--rope-in-attention")),
