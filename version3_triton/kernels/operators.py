@@ -43,9 +43,9 @@ def define_op(name: str, fn, fake, opaque: bool = False):
     if hasattr(getattr(torch.ops, LIBRARY), name):  # registered already (module imported twice)
         return getattr(getattr(torch.ops, LIBRARY), name)
     if not USE_TRITON_OP or opaque:
-        # A custom_op's body is never traced: the compiled code calls it like eager code
-        # (under CUDA graphs while they capture, so its launches must not autotune then),
-        # and it launches as eager code does.
+        # A custom_op's body is never traced: compiled code calls it at run time - under
+        # CUDA graphs also while they capture, where wrap_triton's autotuner would time its
+        # candidates and fail - so it launches as eager code does (kernels tuned in warm-up).
         op = torch.library.custom_op(f"{LIBRARY}::{name}", mutates_args=())(fn)
         op.register_fake(fake)
         return op
