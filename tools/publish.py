@@ -196,25 +196,20 @@ TABLES = (("kernels.json", "kernels.json", "kernels"),
 PLOTS = ("analysis/roofline_medium.png", "memory/memory_model.png")
 
 
-# A table computed from its step's rows (the memory checks) carries no date or commit of its
-# own: it has its rows' newest
+# The step whose rows each table is computed from (the memory checks read their step's rows)
 _TABLE_STEPS = {(Path(dst).stem if dst else key): Path(src).parent.name for src, dst, key in TABLES}
 
 
-def _stamped(entry: dict, rows: dict, table=None) -> dict:
-    """An `updated` entry, with the date and commit of the newest row it was computed from
-    where the part is such a table and has none of its own."""
-    step = _TABLE_STEPS.get(entry["part"])
-    if entry.get("created") or step in (None, ".") or not isinstance(table, (list, type(None))):
-        return entry
-    names = {r.get("file") for r in table} if table else {k.split("/", 1)[1] for k in rows
-                                                          if k.startswith(step + "/")}
-    stamps = [(rows[k].get("created"), rows[k].get("git_commit")) for k in
-              (f"{step}/{n}" for n in names) if k in rows and rows[k].get("created")]
-    if not stamps:
-        return entry
-    created, commit = max(stamps)
-    return {**entry, "created": created, "git_commit": commit}
+def _stamp(part: str, data, rows: dict) -> dict:
+    """When and at which commit a re-measured part was measured: its own date and commit, or,
+    for a table of its step's rows (a memory check: a list, with neither), its newest row's."""
+    if isinstance(data, dict):
+        return {"part": part, "created": data.get("created"), "git_commit": data.get("git_commit")}
+    step = _TABLE_STEPS.get(part)
+    read = (rows.get(f"{step}/{entry.get('file')}") or {} for entry in data)
+    created, commit = max(((r["created"], r.get("git_commit")) for r in read if r.get("created")),
+                          default=(None, None))
+    return {"part": part, "created": created, "git_commit": commit}
 
 
 def _steps_beside_rows(work: Path, out: Path, summary: dict) -> dict:
@@ -293,10 +288,7 @@ def update(work: Path, out: Path) -> dict:
     write_json(out / "rows.json", rows, indent=None)
     summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
     kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
-    summary["updated"] = [_stamped(u, rows) for u in kept] + [
-        _stamped({"part": part, "created": data.get("created") if isinstance(data, dict) else None,
-                  "git_commit": data.get("git_commit") if isinstance(data, dict) else None}, rows,
-                 data) for part, data in parts.items()]
+    summary["updated"] = kept + [_stamp(part, data, rows) for part, data in parts.items()]
     summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
     write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
