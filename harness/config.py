@@ -220,7 +220,7 @@ class RunSettings:
     profile: str | None = None
     profile_dir: str | None = None
     fsdp: bool = False
-    ddp_bucket_mb: float = 25.0          # data-parallel knobs: see training/parallel.py
+    ddp_bucket_mb: float | None = None   # data-parallel knobs: see training/parallel.py
     ddp_comm_hook: str = "none"
     compile_ddp: str = "split"
     ddp_static_graph: bool = False

@@ -72,6 +72,7 @@ def test_rank_outside_world_is_rejected():
 def settings(**changes):
     """The RunSettings fields the distributed code reads (data-parallel knobs at their defaults)."""
     base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
+                compile_mode="default",
                 **{name: parallel.DEFAULTS[name]
                    for name in {**parallel.DDP_KNOBS, **parallel.FSDP_KNOBS, **parallel.SHARED_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
@@ -290,7 +291,7 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
             s.fsdp_reshard_after_forward, s.comm_priority) == (100.0, "bf16", "whole", True, False, "normal")
     d = parse()
     assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.ddp_static_graph,
-            d.fsdp_reshard_after_forward, d.comm_priority) == (25.0, "none", "split", False, True, "high")
+            d.fsdp_reshard_after_forward, d.comm_priority) == (None, "none", "split", False, True, "high")
     for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
                  ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"],
                  ["--fsdp-param-dtype", "fp16"],
@@ -349,6 +350,10 @@ def test_bucket_size_sets_the_number_of_all_reduces(group_of_one):
     assert all_reduces_per_backward(default)[-1] == 1  # 232 bytes of gradients: one bucket
     assert ctx.extra["bucket_cap_mb"] == 100 / 2**20 and ctx.extra["comm_hook"] == "none"
     assert measure_communication(ctx, reps=1)["buckets"] > 1
+    # no --ddp-bucket-mb: DDP's 25 MiB, and 200 MiB under --compile without CUDA graphs
+    assert also_in_group().extra["bucket_cap_mb"] == parallel.BUCKET_MB == 25
+    assert also_in_group(compile=True).extra["bucket_cap_mb"] == parallel.COMPILED_BUCKET_MB == 200
+    assert also_in_group(compile=True, compile_mode="reduce-overhead").extra["bucket_cap_mb"] == 25
 
 
 def test_comm_hook_averages_in_16_bits_into_fp32_gradients(group_of_one):

@@ -76,9 +76,11 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "without its per-step weight casts; harness/master_weights.py)")
     t.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard with FSDP2 instead of DDP")
-    t.add_argument("--ddp-bucket-mb", type=float, default=25.0, metavar="MB",
+    t.add_argument("--ddp-bucket-mb", type=float, default=None, metavar="MB",
                    help="DDP gradient bucket size in MiB (DDP's bucket_cap_mb): one all-reduce "
-                        "per bucket; bigger = fewer calls and, with --compile, fewer graph splits")
+                        "per bucket; bigger = fewer calls and, with --compile, fewer graph "
+                        "splits (default: 200 with --compile without CUDA graphs, else "
+                        "DDP's 25)")
     t.add_argument("--ddp-comm-hook", choices=("none", "bf16", "fp16"), default="none",
                    help="DDP: all-reduce gradients in 16 bits (half the bytes on the wire); they "
                         "are averaged in bf16/fp16 and written back to fp32, which changes the "
@@ -174,7 +176,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
         (args.grad_accum > 0, f"--grad-accum must be > 0 (got {args.grad_accum})"),
         (args.log_every > 0, f"--log-every must be > 0 (got {args.log_every})"),
-        (0 < args.ddp_bucket_mb < float("inf"),
+        (args.ddp_bucket_mb is None or 0 < args.ddp_bucket_mb < float("inf"),
          f"--ddp-bucket-mb must be a positive number (got {args.ddp_bucket_mb})"),
         (not args.output or args.output.endswith(".json"), "--output must end in .json"),
     ]
