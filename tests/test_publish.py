@@ -145,6 +145,9 @@ def test_each_machines_rows_keep_the_1gpu_run_measured_with_them(tmp_path, monke
     template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
     pub = tmp_path / "h200"
     shutil.copytree(REPO / "docs/published/h200", pub)
+    rows = json.loads((pub / "rows.json").read_text())  # a row the scaling step no longer makes
+    rows["scaling/v4_compile_ddp2_renamed"] = rows["scaling/v4_best_ddp2"]
+    (pub / "rows.json").write_text(json.dumps(rows))
     for machine, n, one, many in (("two", 2, 400_000.0, 760_000.0), ("four", 4, 380_000.0, 1_368_000.0)):
         work = tmp_path / machine
         (work / "scaling").mkdir(parents=True)
@@ -154,6 +157,7 @@ def test_each_machines_rows_keep_the_1gpu_run_measured_with_them(tmp_path, monke
             (work / "scaling" / f"{name}.json").write_text(json.dumps(r))
         summary = publish.update(work, pub)
     assert summary["rows"]["scaling/v4_best_ddp2"]["baseline_tokens_per_s"] == 400_000.0
+    assert "scaling/v4_compile_ddp2_renamed" not in json.loads((pub / "rows.json").read_text())
     text = blocks.render("scaling", summary)
     assert "| V4 graphs + master weights, 1 GPU | 1 | 380,000 |" in text
     assert "| V4 graphs + master weights, DDP x2 | 2 | 760,000 | 380,000 | 95.0% |" in text

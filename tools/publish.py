@@ -285,14 +285,22 @@ def update(work: Path, out: Path) -> dict:
     if not parts:
         raise SystemExit(f"error: nothing re-measured in {work} (no comparison, row or table: "
                          f"{', '.join(src for src, _, _ in TABLES)})")
-    write_json(out / "rows.json", rows, indent=None)
     summary["experiments"] = _load(work / "experiments.json") or summary.get("experiments", {})
-    kept = [u for u in summary.get("updated", []) if u["part"] not in parts]
+    # A row its step no longer makes (renamed or dropped from the manifest) goes with it.
+    manifest = {r["key"] for r in summary["experiments"].get("rows", [])}
+    steps = {key.split("/")[0] for key in manifest}
+    gone = {key for key in rows if key.split("/")[0] in steps and key not in manifest}
+    for key in gone:
+        rows.pop(key)
+        summary["rows"].pop(key, None)
+    write_json(out / "rows.json", rows, indent=None)
+    kept = [u for u in summary.get("updated", []) if u["part"] not in {*parts, *gone}]
     summary["updated"] = kept + [_stamp(part, data, rows) for part, data in parts.items()]
     summary["files"] = sorted({*summary.get("files", []), *(p.name for p in out.iterdir())})
     write_json(out / "summary.json", summary, indent=1)
     (out / "RESULTS.md").write_text(results_page(summary, image_dir=""))
-    print(f"updated in {out}/: {', '.join(parts)}")
+    print(f"updated in {out}/: {', '.join(parts)}"
+          + (f"; dropped, no longer made: {', '.join(sorted(gone))}" if gone else ""))
     return summary
 
 

@@ -78,10 +78,14 @@ def _measured_row(s: dict, label: str, key: str, out: list, width: int) -> dict 
     return r if r is not None and r.get("ok") else None
 
 
-def _measured_by_scaling(r: dict) -> str:
-    """The caption of a data-parallel row's numbers: its GPUs, torch, day and command."""
+def _measured_by_scaling(rows: list[dict]) -> str:
+    """The caption of data-parallel rows' numbers: their GPUs, torch, days and command (the
+    first row's machine; rows re-measured later add their day)."""
+    r = rows[0]
+    days = sorted({(row.get("created") or "?")[:10] for row in rows})
+    when = days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]}"
     return (f"Measured on {r.get('world_size', 1)} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
-            f"{(r.get('created') or '?')[:10]}, by `bash benchmarks/reproduce.sh scaling`.")
+            f"{when}, by `bash benchmarks/reproduce.sh scaling`.")
 
 
 def scaling_table(s: dict, block: str) -> str:
@@ -100,10 +104,10 @@ def scaling_table(s: dict, block: str) -> str:
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
                     num(r.get("step_ms"), ".2f"), _phases(r), num(r.get("peak_mb"))])
         if n > 1:
-            machines.setdefault(n, _measured_by_scaling(r))
+            machines.setdefault(n, []).append(r)
     if not out:
         return PLACEHOLDER
-    caption = " ".join(machines[n] for n in sorted(machines))
+    caption = " ".join(_measured_by_scaling(machines[n]) for n in sorted(machines))
     if len(machines) > 1:
         caption += (" The 1-GPU rows shown are the last published for this page's GPU model; each "
                     "multi-GPU row's efficiency is against the 1-GPU run measured with it, on its machine.")
@@ -115,7 +119,7 @@ def overlap_table(s: dict, block: str) -> str:
     """Per rank of each profiled data-parallel row: the NCCL/RCCL kernel time of a step, the
     part of it that ran beside compute kernels and the part the step paid alone (exposed),
     the GPU's idle time and the host's median step (which of the two sets the pace)."""
-    out, caption = [], ""
+    out, measured = [], []
     for label, key in block_rows(s, block):
         r = s["rows"].get(key)
         if r is None:
@@ -128,10 +132,11 @@ def overlap_table(s: dict, block: str) -> str:
                         f"{num(o['overlapped_ms_per_step'], '.2f')} ({pct(o['overlap_fraction'])})",
                         num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f"),
                         num(o.get("gpu_idle_ms_per_step"), ".2f"), num(o.get("host_step_ms"), ".2f")])
-        caption = caption or (f"{_measured_by_scaling(r)} Read from each rank's PyTorch profiler "
-                              "trace (`python -m analysis_tools overlap`).")
+        measured.append(r)
     if not out:
         return PLACEHOLDER
+    caption = measured and (f"{_measured_by_scaling(measured)} Read from each rank's PyTorch "
+                            "profiler trace (`python -m analysis_tools overlap`).")
     return table(["run", "rank", "communication ms/step", "beside compute ms", "exposed ms",
                   "compute ms/step", "GPU idle ms/step", "host step ms"], out) + (
                       f"\n\n{caption}" if caption else "")

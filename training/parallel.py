@@ -10,7 +10,8 @@ and where to meet the others. Each copy then
      loads RCCL), "gloo" on the CPU;
   2. builds the same model from the same seed and wraps it:
      - DDP keeps a full replica on every GPU. During backward it averages the
-       gradients across GPUs with all-reduce, in ~25 MB buckets, each one sent
+       gradients across GPUs with all-reduce, in buckets (25 MB; 200 when compiled
+       without CUDA graphs, see COMPILED_BUCKET_MB), each one sent
        as soon as its gradients are ready - so communication overlaps compute;
      - FSDP2 (--fsdp) keeps only 1/N of every parameter, gradient and optimizer
        state per GPU. It all-gathers a block's weights just before the block
