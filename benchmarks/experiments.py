@@ -159,10 +159,15 @@ def _scaling() -> list[Row]:
                  (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_1gpu")
              for name, (label, flags) in levers.items()]
     # Overlap, read from the profiler: V4's DDP x2 rows again under the PyTorch profiler
-    # (reproduce gives a profiled row its own --profile-dir and reads each rank's trace)
-    rows += [Row("scaling", f"v4_{mode}_ddp2_profiled", "scaling-overlap", f"V4 {words}, DDP x2", "v4",
-                 (*BF16, *flags, "--profile", "pytorch"), gpus=2, baseline=f"v4_{mode}_1gpu")
-             for mode, (words, flags) in SCALING_MODES.items()]
+    # (reproduce gives a profiled row its own --profile-dir and reads each rank's trace),
+    # each after its 1-GPU run profiled alike (its baseline): the compute kernels' time with no
+    # NCCL beside them
+    for mode, (words, flags) in SCALING_MODES.items():
+        profiled = (*BF16, *flags, "--profile", "pytorch")
+        rows += [Row("scaling", f"v4_{mode}_1gpu_profiled", "scaling-overlap", f"V4 {words}, 1 GPU",
+                     "v4", profiled, env=("OMP_NUM_THREADS=1",)),
+                 Row("scaling", f"v4_{mode}_ddp2_profiled", "scaling-overlap", f"V4 {words}, DDP x2",
+                     "v4", profiled, gpus=2, baseline=f"v4_{mode}_1gpu_profiled")]
     # and FSDP2's: how much of its gathering and scattering the step pays in full
     rows.append(Row("scaling", "v4_compile_fsdp2_profiled", "scaling-overlap", "V4 compiled, FSDP2 x2", "v4",
                     (*BF16, "--compile", "--fsdp", "--profile", "pytorch"), gpus=2, baseline="v4_compile_1gpu"))

@@ -73,7 +73,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
-        scaling)        echo "~26 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers, V4 x2 profiled under DDP and FSDP2 (overlap); skipped below 2 GPUs" ;;
+        scaling)        echo "~26 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, the DDP and FSDP2 levers, V4 profiled on 1 GPU and x2 under DDP and FSDP2 (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         switches)       echo "~9 min    switches/: V3 large at its best with each memory switch (fused linear + CE, recomputed RoPE, SwiGLU, norms) and all four, each against the memory model's prediction (needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
@@ -303,9 +303,12 @@ run_step() {
         # NVLink multicast (NVLS) stays off, as in benchmarks/ddp_scaling.sh (docs/MULTI_GPU.md)
         NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} run_rows scaling
         # Each profiled row: how much of its NCCL/RCCL kernel time ran beside compute, per rank
+        # (a 1-GPU run's one trace lies in pytorch/, a torchrun's in rank<N>/pytorch/)
         for dir in "$W"/scaling/*_profile; do
             [ -d "$dir" ] && ! have "$dir/overlap.json" || continue
-            $PY -m analysis_tools overlap "$dir"/rank*/pytorch/*.pt.trace.json* --json "$dir/overlap.json" \
+            mapfile -t traces < <(compgen -G "$dir/rank*/pytorch/*.pt.trace.json*"
+                                  compgen -G "$dir/pytorch/*.pt.trace.json*")
+            $PY -m analysis_tools overlap "${traces[@]}" --json "$dir/overlap.json" \
                 > "$dir/overlap.log" 2>&1 || failed=1
             sed "s|^|   ${dir##*/}: |" "$dir/overlap.log" | tee -a "$LOG"
         done ;;

@@ -235,25 +235,36 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
     """A profiled row of the scaling step carries the overlap read from its ranks' traces
     (<row>_profile/overlap.json, written by analysis_tools overlap --json) into the published
-    row, and the scaling-overlap block shows it per rank; a profiled row whose traces were not
-    read says so."""
+    row, and the scaling-overlap block shows it per rank, after the 1-GPU run profiled alike
+    (one trace, no rank); a profiled row whose traces were not read says so."""
     template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
     scaling_dir = tmp_path / "work" / "scaling"
-    (scaling_dir / "v4_compile_ddp2_profiled_profile").mkdir(parents=True)
-    for name in ("v4_compile_ddp2_profiled", "v4_best_ddp2_profiled"):
-        (scaling_dir / f"{name}.json").write_text(json.dumps(scaling_result(template, 2, 700_000.0)))
-    ranks = [{"trace": f"/x/v4_compile_ddp2_profiled_profile/rank{r}/pytorch/t.pt.trace.json",
-              "steps": 3, "comm_kernels": 40, "comm_ms_per_step": 2.0, "overlapped_ms_per_step": 1.5,
-              "exposed_ms_per_step": 0.5, "overlap_fraction": 0.75, "compute_ms_per_step": 30.0,
-              "gpu_window_ms_per_step": 33.0, "gpu_idle_ms_per_step": 1.0, "host_step_ms": 31.5}
-             for r in (0, 1)]
-    (scaling_dir / "v4_compile_ddp2_profiled_profile" / "overlap.json").write_text(
-        json.dumps({"created": "2031-01-02T03:04:05+00:00", "git_commit": "abc1234", "ranks": ranks}))
+    for name, n in (("v4_compile_1gpu_profiled", 1), ("v4_compile_ddp2_profiled", 2),
+                    ("v4_best_ddp2_profiled", 2)):
+        (scaling_dir / f"{name}_profile").mkdir(parents=True)
+        (scaling_dir / f"{name}.json").write_text(json.dumps(scaling_result(template, n, 700_000.0)))
+
+    def overlap(trace: str, comm: float, beside: float, compute: float) -> dict:
+        return {"trace": trace, "steps": 3, "comm_kernels": 40 if comm else 0, "comm_ms_per_step": comm,
+                "overlapped_ms_per_step": beside, "exposed_ms_per_step": comm - beside,
+                "overlap_fraction": beside / comm if comm else None, "compute_ms_per_step": compute,
+                "gpu_window_ms_per_step": 33.0, "gpu_idle_ms_per_step": 1.0, "host_step_ms": 31.5}
+    for name, ranks in (
+            ("v4_compile_ddp2_profiled", [overlap(f"/x/v4_compile_ddp2_profiled_profile/rank{r}/pytorch/"
+                                                  "t.pt.trace.json", 2.0, 1.5, 30.0) for r in (0, 1)]),
+            ("v4_compile_1gpu_profiled", [overlap("/x/v4_compile_1gpu_profiled_profile/pytorch/t.pt.trace.json",
+                                                  0.0, 0.0, 28.0)])):
+        (scaling_dir / f"{name}_profile" / "overlap.json").write_text(
+            json.dumps({"created": "2031-01-02T03:04:05+00:00", "git_commit": "abc1234", "ranks": ranks}))
     rows = {key: publish.compact(data) for key, data in publish._rows(tmp_path / "work")}
     assert [o["rank"] for o in rows["scaling/v4_compile_ddp2_profiled"]["overlap"]] == [0, 1]
+    assert [o["rank"] for o in rows["scaling/v4_compile_1gpu_profiled"]["overlap"]] == [None]
     assert "overlap" not in rows["scaling/v4_best_ddp2_profiled"]
     text = blocks.render("scaling-overlap", {"rows": rows, "experiments": experiments.manifest()})
     assert "| V4 compiled, DDP x2 | 1 | 2.00 | 1.50 (75.0%) | 0.50 | 30.00 | 1.00 | 31.50 |" in text
+    assert "| V4 compiled, 1 GPU | - | 0.00 | 0.00 (-) | 0.00 | 28.00 | 1.00 | 31.50 |" in text
+    assert text.index("V4 compiled, 1 GPU") < text.index("V4 compiled, DDP x2")
+    assert "Measured on 2 x " in text
     assert "| V4 graphs + master weights, DDP x2 | - | no trace read |" in text
     assert "by `bash benchmarks/reproduce.sh scaling`" in text
     assert blocks.render("scaling-overlap", {"rows": {}}) == blocks.PLACEHOLDER

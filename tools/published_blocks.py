@@ -81,7 +81,7 @@ def _measured_row(s: dict, label: str, key: str, out: list, width: int) -> dict 
 def _measured_by_scaling(rows: list[dict]) -> str:
     """The caption of data-parallel rows' numbers: their GPUs, torch, days and command (the
     first row's machine; rows re-measured later add their day)."""
-    r = rows[0]
+    r = max(rows, key=lambda row: row.get("world_size", 1))  # a 1-GPU run's machine is the same
     days = sorted({(row.get("created") or "?")[:10] for row in rows})
     when = days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]}"
     return (f"Measured on {r.get('world_size', 1)} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
@@ -128,7 +128,8 @@ def overlap_table(s: dict, block: str) -> str:
             out.append([label, "-", _failure(r) if not r.get("ok") else "no trace read", *["-"] * 5])
             continue
         for o in r["overlap"]:
-            out.append([label, str(o["rank"]), num(o["comm_ms_per_step"], ".2f"),
+            out.append([label, "-" if o["rank"] is None else str(o["rank"]),
+                        num(o["comm_ms_per_step"], ".2f"),
                         f"{num(o['overlapped_ms_per_step'], '.2f')} ({pct(o['overlap_fraction'])})",
                         num(o["exposed_ms_per_step"], ".2f"), num(o["compute_ms_per_step"], ".2f"),
                         num(o.get("gpu_idle_ms_per_step"), ".2f"), num(o.get("host_step_ms"), ".2f")])
