@@ -158,6 +158,14 @@ def _scaling() -> list[Row]:
     rows += [Row("scaling", f"v4_compile_{name}", "scaling", f"V4 compiled, {label}", "v4",
                  (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_1gpu")
              for name, (label, flags) in levers.items()]
+    # What FSDP2 is for: at the large preset (~1 B parameters, ~16 GB of fp32 weights,
+    # gradients and AdamW state) each GPU keeps half of that state, and its blocks are big
+    # enough for their compute to hide the gathers
+    rows.append(Row("scaling", "v4_compile_large_1gpu", "scaling", "V4 compiled, large preset, 1 GPU",
+                    "v4", (*BF16, "--compile"), env=("OMP_NUM_THREADS=1",), preset="large"))
+    rows += [Row("scaling", f"v4_compile_large_{kind}2", "scaling", f"V4 compiled, large preset, {words} x2",
+                 "v4", (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_large_1gpu", preset="large")
+             for kind, words, flags in (("ddp", "DDP", ()), ("fsdp", "FSDP2", ("--fsdp",)))]
     # Overlap, read from the profiler: V4's DDP x2 rows again under the PyTorch profiler
     # (reproduce gives a profiled row its own --profile-dir and reads each rank's trace),
     # each after its 1-GPU run profiled alike (its baseline): the compute kernels' time with no
