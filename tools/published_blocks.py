@@ -79,9 +79,9 @@ def _measured_row(s: dict, label: str, key: str, out: list, width: int) -> dict 
 
 
 def _measured_by_scaling(rows: list[dict]) -> str:
-    """The caption of data-parallel rows' numbers: their GPUs, torch, days and command (the
-    first row's machine; rows re-measured later add their day)."""
-    r = max(rows, key=lambda row: row.get("world_size", 1))  # a 1-GPU run's machine is the same
+    """The caption of data-parallel rows' numbers: their GPUs (the most any of them used; a
+    1-GPU run among them ran on the same machine), torch, days and command."""
+    r = max(rows, key=lambda row: row.get("world_size", 1))
     days = sorted({(row.get("created") or "?")[:10] for row in rows})
     when = days[0] if len(days) == 1 else f"{', '.join(days[:-1])} and {days[-1]}"
     return (f"Measured on {r.get('world_size', 1)} x {r.get('device', '?')} (torch {r.get('torch', '?')}), "
