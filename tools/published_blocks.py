@@ -136,8 +136,8 @@ def overlap_table(s: dict, block: str) -> str:
         measured.append(r)
     if not out:
         return PLACEHOLDER
-    caption = measured and (f"{_measured_by_scaling(measured)} Read from each rank's PyTorch "
-                            "profiler trace (`python -m analysis_tools overlap`).")
+    caption = (f"{_measured_by_scaling(measured)} Read from each rank's PyTorch profiler trace "
+               "(`python -m analysis_tools overlap`)." if measured else "")
     return table(["run", "rank", "communication ms/step", "beside compute ms", "exposed ms",
                   "compute ms/step", "GPU idle ms/step", "host step ms"], out) + (
                       f"\n\n{caption}" if caption else "")
