@@ -174,6 +174,12 @@ def test_the_docs_show_the_gpu_counts_another_gpu_model_measured(tmp_path, monke
     template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
     pub = tmp_path / "published"
     shutil.copytree(REPO / "docs/published/h200", pub / "h200")
+    for name in ("summary.json", "rows.json"):  # the quoted set as if its machines had 2 GPUs
+        data = json.loads((pub / "h200" / name).read_text())
+        rows = data["rows"] if name == "summary.json" else data
+        for key in [k for k in rows if k.startswith("scaling/") and k.endswith("_ddp4")]:
+            del rows[key]
+        (pub / "h200" / name).write_text(json.dumps(data))
     work = tmp_path / "h100"
     (work / "scaling").mkdir(parents=True)
     (work / "experiments.json").write_text(json.dumps(experiments.manifest()))
