@@ -91,17 +91,23 @@ def _measured_by_scaling(rows: list[dict]) -> str:
 def scaling_table(s: dict, block: str) -> str:
     """Data-parallel rows beside the 1-GPU run they scale: efficiency = tokens/s of N GPUs /
     (N x tokens/s of one GPU at the same batch per GPU), that GPU's run measured with the row
-    on the same machine. Rows not measured (too few GPUs) are left out."""
+    on the same machine. Rows not measured (too few GPUs) are left out. Beside it, what the
+    step lost to data parallelism (its ms over the 1-GPU step: both are medians and tokens/s
+    is tokens per step over the step, so that is step x (1 - efficiency)) and what its
+    collectives take timed alone, with nothing to overlap: read together, how much of the
+    communication the overlap hid."""
     out, machines = [], {}
     for label, key, base_key in scaled_rows(s, block):
-        r = _measured_row(s, label, key, out, 6)
+        r = _measured_row(s, label, key, out, 8)
         if r is None:
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
         n = r.get("world_size", 1)
         one_gpu = r.get("baseline_tokens_per_s") or (one.get("ok") and one.get("tokens_per_s"))
         efficiency = r["tokens_per_s"] / (n * one_gpu) if one_gpu else None
+        lost = r["step_ms"] * (1 - efficiency) if n > 1 and efficiency and r.get("step_ms") else None
         out.append([label, str(n), num(r["tokens_per_s"]), num(r["tokens_per_s"] / n), pct(efficiency),
+                    num(lost, "+.2f"), num(r.get("comm_alone_ms"), ".2f"),
                     num(r.get("step_ms"), ".2f"), _phases(r), num(r.get("peak_mb"))])
         if n > 1:
             machines.setdefault(n, []).append(r)
@@ -111,8 +117,8 @@ def scaling_table(s: dict, block: str) -> str:
     if len(machines) > 1:
         caption += (" The 1-GPU rows shown are the last published for this page's GPU model; each "
                     "multi-GPU row's efficiency is against the 1-GPU run measured with it, on its machine.")
-    return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "step ms",
-                  "fwd / bwd / opt ms", "peak MB per GPU"], out) + (f"\n\n{caption}" if caption else "")
+    return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "+ms vs 1 GPU",
+                  "comm ms alone", "step ms", "fwd / bwd / opt ms", "peak MB per GPU"], out) + (f"\n\n{caption}" if caption else "")
 
 
 def overlap_table(s: dict, block: str) -> str:
@@ -264,7 +270,7 @@ def memory_switches_block(s: dict) -> str:
     predicted = {m.get("file"): m for m in s.get("memory_switches") or []}
     out = []
     for label, key in block_rows(s, "v3-memory-switches"):
-        r = _measured_row(s, label, key, out, 6)
+        r = _measured_row(s, label, key, out, 8)
         if r is None:
             continue
         m = predicted.get(key.split("/", 1)[1], {})
