@@ -57,6 +57,8 @@ def variant(result: dict) -> str:
                           *_priority(d)])
     if d.get("kind") != "ddp":
         return ""
+    if d.get("shard_optimizer"):  # no DDP buckets: one reduce-scatter, one all-gather
+        return ", ".join(["sharded optimizer (reduce-scatter + all-gather)", *_priority(d)])
     parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]
     if d.get("comm_hook", "none") != "none":
         parts.append(f"{d['comm_hook']} all-reduce")

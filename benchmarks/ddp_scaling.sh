@@ -15,6 +15,8 @@
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
 #   static      --ddp-static-graph            (DDP fixes its bucket order after step 1)
+#   shard       --shard-optimizer             (with --optimizer master in EXTRA_ARGS: no DDP;
+#                                              reduce-scatter, 1/N of the update, all-gather)
 #   normalprio  --comm-priority normal        (NCCL on a normal-priority stream)
 #   nchN        env NCCL_MAX_NCHANNELS=N      (NCCL uses at most N channels, i.e. fewer SMs
 #                                              taken from the backward it overlaps; nch4 ...)
@@ -67,13 +69,14 @@ variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unkno
             bf16 | fp16) flags+=(--ddp-comm-hook "$part") ;;
             whole) flags+=(--compile-ddp whole) ;;
             static) flags+=(--ddp-static-graph) ;;
+            shard) flags+=(--shard-optimizer) ;;
             normalprio) flags+=(--comm-priority normal) ;;
             nch[0-9]*) ;;  # an environment variable: see variant_env
             fsdp) flags+=(--fsdp) ;;
             noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
             bf16params) flags+=(--fsdp --fsdp-param-dtype bf16) ;;
             *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
-                    "whole static normalprio nchN fsdp noreshard bf16params, joined with +)" >&2
+                    "whole static shard normalprio nchN fsdp noreshard bf16params, joined with +)" >&2
                return 2 ;;
         esac
     done

@@ -147,6 +147,12 @@ def _scaling() -> list[Row]:
              Row("scaling", "v4_best_ddp2_nccl8", "scaling",
                  "V4 graphs + master weights, DDP x2, `NCCL_MAX_NCHANNELS=8`", "v4",
                  (*BF16, *GRAPHS), gpus=2, baseline="v4_best_1gpu", env=("NCCL_MAX_NCHANNELS=8",))]
+    # the medium rows' all-reduce takes about what a step loses, overlap or not: the same
+    # bytes as a reduce-scatter and an all-gather after the backward buy 1/N of the optimizer
+    rows += [Row("scaling", f"v4_best_ddp{n}_shard_optimizer", "scaling",
+                 f"V4 graphs + master weights, x{n}, `--shard-optimizer`", "v4",
+                 (*BF16, *GRAPHS, "--shard-optimizer"), gpus=n, baseline="v4_best_1gpu")
+             for n in (2, 4)]
     levers = {  # name: (label, flags), each on V4 compiled x2
         "ddp2_bucket25": ("DDP x2, `--ddp-bucket-mb 25`", ("--ddp-bucket-mb", "25")),
         "ddp2_whole": ("DDP x2, `--compile-ddp whole`", ("--compile-ddp", "whole")),

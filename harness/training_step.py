@@ -25,10 +25,15 @@ def enable_grad_checkpointing(model: torch.nn.Module) -> None:
         block.forward = forward
 
 
+def adamw_settings(settings) -> dict:
+    """AdamW's hyperparameters, the same for every optimizer the runs choose from."""
+    return {"lr": settings.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
+
+
 def make_optimizer(model: torch.nn.Module, settings, device: torch.device,
                    masters: dict | None = None):
     """settings: what the run asked for (its learning_rate and optimizer)."""
-    kwargs = {"lr": settings.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    kwargs = adamw_settings(settings)
     if settings.optimizer == "master":
         return master_weights.MasterWeightAdamW(model.parameters(), masters, **kwargs)
     if settings.optimizer == "fused" and device.type == "cuda":

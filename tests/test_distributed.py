@@ -286,12 +286,15 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
     def parse(*argv):
         return settings_from_args("v1", build_parser("v1", "").parse_args(list(argv)), list(argv))
     s = parse("--ddp-bucket-mb", "100", "--ddp-comm-hook", "bf16", "--compile-ddp", "whole",
-              "--ddp-static-graph", "--fsdp-reshard-after-forward", "false", "--comm-priority", "normal")
-    assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.ddp_static_graph,
-            s.fsdp_reshard_after_forward, s.comm_priority) == (100.0, "bf16", "whole", True, False, "normal")
+              "--ddp-static-graph", "--fsdp-reshard-after-forward", "false", "--comm-priority", "normal",
+              "--shard-optimizer")
+    assert (s.ddp_bucket_mb, s.ddp_comm_hook, s.compile_ddp, s.ddp_static_graph, s.shard_optimizer,
+            s.fsdp_reshard_after_forward, s.comm_priority) == (100.0, "bf16", "whole", True, True, False,
+                                                               "normal")
     d = parse()
-    assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.ddp_static_graph,
-            d.fsdp_reshard_after_forward, d.comm_priority) == (None, "none", "split", False, True, "high")
+    assert (d.ddp_bucket_mb, d.ddp_comm_hook, d.compile_ddp, d.ddp_static_graph, d.shard_optimizer,
+            d.fsdp_reshard_after_forward, d.comm_priority) == (None, "none", "split", False, False, True,
+                                                               "high")
     for argv in (["--ddp-bucket-mb", "0"], ["--ddp-bucket-mb", "inf"], ["--ddp-comm-hook", "int8"],
                  ["--compile-ddp", "half"], ["--fsdp-reshard-after-forward", "yes"],
                  ["--fsdp-param-dtype", "fp16"],
@@ -446,7 +449,8 @@ def test_scaling_table_names_each_variant():
     single = fake_result(1, 1000.0, 10.0)
     runs = []
     for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"},
-                  {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}, "comm_priority": "normal"}):
+                  {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}, "comm_priority": "normal"},
+                  {"shard_optimizer": True, "bucket_cap_mb": 25}):
         run = fake_result(2, 1800.0, 11.1)
         run["distributed"] = {"kind": "ddp", "comm_priority": "high", **extra}  # as runs record it
         runs.append(run)
@@ -459,7 +463,8 @@ def test_scaling_table_names_each_variant():
     rows = [scaling.scaling(single, r) for r in runs]
     assert [r["variant"] for r in rows] == [
         "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
-        "bucket 25 MB, graph split per bucket, normal-priority comm stream, static graph, NCCL <= 4 channels"]
+        "bucket 25 MB, graph split per bucket, normal-priority comm stream, static graph, NCCL <= 4 channels",
+        "sharded optimizer (reduce-scatter + all-gather)"]
     single["run"]["compile"] = False
     for r in runs:
         r["run"]["compile"] = False
@@ -547,10 +552,86 @@ def test_bf16_gradients_fill_bf16_buckets(group_of_one):
     assert comm["gradient_mib"] == pytest.approx(ctx.gradient_numel * 2 / 2**20)
 
 
-@pytest.mark.slow  # ~17 s, two ranks: make test-slow
-def test_master_weights_under_ddp_match_one_process(tmp_path):
-    """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows."""
-    flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1"]
+class ScaledTwoLayers(TwoLayers):
+    """TwoLayers and an fp32 parameter outside nn.Linear (as norms and embeddings are)."""
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 2))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+def test_sharded_optimizer_steps_as_the_master_weights_optimizer(group_of_one):
+    """--shard-optimizer on one rank: the flat bf16 buffer the weights become views of, and
+    the update of its shard and of the fp32 parameters, give MasterWeightAdamW's weights step
+    for step (two ranks and their padding: the slow test below)."""
+    from harness.master_weights import MasterWeightAdamW, split_master_weights
+
+    x = torch.randn(3, 4)
+
+    def train(model, optimizer):
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().square().sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return [p.detach().float().clone() for p in model.parameters()]
+
+    reference = ScaledTwoLayers()
+    masters = split_master_weights(reference)
+    expected = train(reference, MasterWeightAdamW(reference.parameters(), masters, lr=1e-2,
+                                                  betas=(0.9, 0.95), weight_decay=0.1))
+    chosen = dict(shard_optimizer=True, optimizer="master", grad_accum=1, learning_rate=1e-2)
+    ctx = group_of_one(**chosen)
+    model = ScaledTwoLayers()
+    masters = split_master_weights(model)
+    model = ctx.wrap(model, settings(**chosen))
+    assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    optimizer = ctx.make_optimizer(model, settings(**chosen), torch.device("cpu"), masters)
+    assert all(p.untyped_storage().data_ptr() == ctx.flat.untyped_storage().data_ptr()
+               for p in model.parameters() if p.dtype == torch.bfloat16)
+    assert masters == {}, "the full fp32 masters are dropped: the rank keeps its slice"
+    for got, want in zip(train(model, optimizer), expected):
+        assert torch.equal(got, want)
+    assert ctx.extra["shard_optimizer"] is True
+    comm = measure_communication(ctx, reps=1)
+    assert set(comm["ms_per_bucket"]) == {"all_gather", "reduce_scatter"} and comm["buckets"] == 1
+
+
+def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
+    from harness.master_weights import split_master_weights
+    from training.sharded_optimizer import flatten_low_precision
+
+    model = ScaledTwoLayers()
+    split_master_weights(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    flat, low = flatten_low_precision(model, torch.bfloat16, world_size=3)
+    assert flat.numel() % 3 == 0 and flat.numel() - sum(p.numel() for p in low) < 3
+    assert len(low) == 4 and all(p.dtype == torch.bfloat16 for p in low)  # two weights, two biases
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    flat.zero_()
+    assert all(not p.any() for p in low) and model.scale.any()  # views; the fp32 one untouched
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    (dict(optimizer="adamw"), "add --optimizer master"),
+    (dict(optimizer="master", ddp_bucket_mb=50.0), "--ddp-bucket-mb configures DDP, which --shard-optimizer"),
+    (dict(optimizer="master", fsdp=True), "--shard-optimizer configures DDP"),
+])
+def test_shard_optimizer_needs_master_weights_and_no_ddp_knob(group_of_one, changes, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        group_of_one(shard_optimizer=True, grad_accum=1, **changes)
+
+
+@pytest.mark.slow  # ~17 s each, two ranks: make test-slow
+@pytest.mark.parametrize("shard", [False, True], ids=["ddp", "shard_optimizer"])
+def test_master_weights_under_ddp_match_one_process(tmp_path, shard):
+    """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows, under
+    DDP and with the optimizer sharded (each rank updating half of the flat bf16 weights)."""
+    flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1",
+             *(["--shard-optimizer"] if shard else [])]
     v4 = Path(load_version("v4").__file__).relative_to(REPO)
     single = tmp_path / "single.json"
     proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())
@@ -558,5 +639,6 @@ def test_master_weights_under_ddp_match_one_process(tmp_path):
     torchrun(tmp_path / "out", *flags, script=v4)
     result = json.loads((tmp_path / "out" / "run.json").read_text())
     assert result["run"]["optimizer"] == "master" and result["run"]["world_size"] == 2
+    assert result["distributed"]["shard_optimizer"] is shard
     # The averaged gradient is rounded to bf16 (two ranks' halves, then their mean).
     assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)

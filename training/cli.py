@@ -93,6 +93,10 @@ def build_parser(version: str, description: str, add_arguments=None,
                    help="DDP: the same parameters get gradients in the same order every step, "
                         "so DDP records the order once (static_graph=True) and skips its "
                         "per-step bookkeeping")
+    t.add_argument("--shard-optimizer", action="store_true",
+                   help="with --optimizer master, in place of DDP: reduce-scatter the bf16 "
+                        "gradients after backward, each GPU updates its 1/N of the fp32 master "
+                        "weights and AdamW state, all-gather the weights (ZeRO stage 1)")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
@@ -195,7 +199,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         measure_peak=args.measure_peak, output=args.output, quiet=args.quiet,
         log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
-        compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
+        compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph, shard_optimizer=args.shard_optimizer,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
         comm_priority=args.comm_priority, fsdp_param_dtype=args.fsdp_param_dtype,
         command=" ".join(["python", sys.argv[0], *argv]))

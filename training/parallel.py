@@ -23,7 +23,9 @@ Started with plain `python`, none of this happens: `SingleProcess` below is what
 the trainer gets, and it talks to both through the same methods.
 
 Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
---compile-ddp for DDP; --fsdp-reshard-after-forward for FSDP2.
+--compile-ddp, --ddp-static-graph for DDP; --fsdp-reshard-after-forward and
+--fsdp-param-dtype for FSDP2; --comm-priority for both. --shard-optimizer
+(training/sharded_optimizer.py) replaces DDP where --optimizer master runs.
 
 After training, each rank times the step's collectives alone
 (measure_communication, at the end of this file) and rank 0 records them with the results. The scaling
@@ -48,6 +50,7 @@ from harness import device as dev
 from harness import measure
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import UsageError
+from harness.training_step import adamw_settings, make_optimizer
 
 BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm is timed in these
 # Under torch.compile each bucket is also a graph piece of its own, whose kernels the host
@@ -58,7 +61,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 # Knobs that only one wrapper reads, with their flags: asking for one that will not
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
-             "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
+             "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph",
+             "shard_optimizer": "--shard-optimizer"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward",
               "fsdp_param_dtype": "--fsdp-param-dtype"}
 SHARED_KNOBS = {"comm_priority": "--comm-priority"}  # both wrappers read it
@@ -72,6 +76,9 @@ class SingleProcess:
 
     def wrap(self, model, settings):
         return model
+
+    def make_optimizer(self, model, settings, device, masters):
+        return make_optimizer(model, settings, device, masters)
 
     def no_sync(self, model, micro_step):
         return contextlib.nullcontext()
@@ -91,6 +98,19 @@ class SingleProcess:
 
 def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _check_shard_optimizer(settings) -> None:
+    """--shard-optimizer shards --optimizer master's state and replaces DDP's buckets."""
+    if settings.optimizer != "master":
+        raise UsageError("--shard-optimizer shards the fp32 master weights and AdamW state of "
+                         "--optimizer master: add --optimizer master (and --precision bf16)")
+    replaced = [flag for name, flag in DDP_KNOBS.items()
+                if name != "shard_optimizer" and getattr(settings, name) != DEFAULTS[name]]
+    if replaced:
+        raise UsageError(f"{', '.join(replaced)} configure{'s' if len(replaced) == 1 else ''} "
+                         f"DDP, which --shard-optimizer replaces: drop "
+                         f"{'it' if len(replaced) == 1 else 'them'}")
 
 
 def check_knobs(settings, under_torchrun: bool) -> None:
@@ -153,7 +173,11 @@ def setup(settings):
         options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
                             pg_options=options)
-    return DataParallel(settings, device, backend, fully_shard)
+    try:
+        return DataParallel(settings, device, backend, fully_shard)
+    except BaseException:  # a bad combination of flags: leave no process group behind
+        dist.destroy_process_group()
+        raise
 
 
 def find_fsdp(name: str):
@@ -184,6 +208,9 @@ class DataParallel(SingleProcess):
                                                     else BUCKET_MB)
         self.comm_hook = settings.ddp_comm_hook
         self.static_graph = settings.ddp_static_graph
+        self.shard_optimizer = settings.shard_optimizer and not fully_shard
+        if self.shard_optimizer:
+            _check_shard_optimizer(settings)
         self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
         self.reshard_after_forward = settings.fsdp_reshard_after_forward
         self.param_dtype = settings.fsdp_param_dtype
@@ -198,7 +225,8 @@ class DataParallel(SingleProcess):
             "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
             "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
             **({"bucket_cap_mb": self.bucket_mb, "comm_hook": self.comm_hook,
-                "compile_ddp": self.compile_ddp, "static_graph": self.static_graph}
+                "compile_ddp": self.compile_ddp, "static_graph": self.static_graph,
+                "shard_optimizer": self.shard_optimizer}
                if self.kind == "ddp" else
                {"reshard_after_forward": self.reshard_after_forward,
                 "param_dtype": self.param_dtype}),
@@ -217,6 +245,8 @@ class DataParallel(SingleProcess):
         for p in trained:
             numel_by_dtype[p.dtype] += p.numel()
         self.gradient_dtype = max(numel_by_dtype, key=numel_by_dtype.get, default=torch.float32)
+        if self.shard_optimizer:
+            return self._flatten_for_sharding(model)
         if self.kind == "ddp":
             return self._wrap_ddp(model)
         if not hasattr(model, "layers"):
@@ -240,6 +270,27 @@ class DataParallel(SingleProcess):
                              **mixed)
         self.fully_shard(model, mesh=mesh, **mixed)  # the rest: embeddings, final norm, output head
         return model
+
+    def _flatten_for_sharding(self, model):
+        """--shard-optimizer: no DDP wrapper; the bf16 weights become views of one flat
+        buffer (training/sharded_optimizer.py), and every rank starts from rank 0's weights,
+        as DDP would make it."""
+        from training.sharded_optimizer import flatten_low_precision
+
+        self.flat, self.low = flatten_low_precision(model, torch.bfloat16, self.world_size)
+        self.dist.broadcast(self.flat, src=0)
+        for p in model.parameters():
+            if p.dtype != torch.bfloat16:
+                self.dist.broadcast(p.data, src=0)
+        return model
+
+    def make_optimizer(self, model, settings, device, masters):
+        if not self.shard_optimizer:
+            return make_optimizer(model, settings, device, masters)
+        from training.sharded_optimizer import ShardedMasterAdamW
+
+        return ShardedMasterAdamW(model.parameters(), self.flat, self.low, masters, self.dist,
+                                  **adamw_settings(settings))
 
     def _wrap_ddp(self, model):
         from torch.nn.parallel import DistributedDataParallel
@@ -308,6 +359,8 @@ class DataParallel(SingleProcess):
         return total / self.world_size
 
     def check_gradient_flow(self, model) -> int:
+        if self.shard_optimizer:  # each rank's own gradients, whole (the optimizer averages them)
+            return measure.check_gradient_flow(model)
         if self.kind == "ddp":
             # After the all-reduce every replica holds the full averaged gradient.
             return measure.check_gradient_flow(model.module)
@@ -398,8 +451,10 @@ def measure_communication(group, reps: int = 10) -> dict:
     slowest rank's mean, scaled by the number of buckets the model fills.
     DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
     the weights (forward and backward) and one reduce-scatter of the gradients.
-    This is the cost if nothing overlapped; DDP hides most of it behind
-    backward, and the part it cannot hide is (multi-GPU step - 1-GPU step):
+    --shard-optimizer: one reduce-scatter of the flat bf16 gradients and one
+    all-gather of the weights, each timed at its full size.
+    This is the cost if nothing overlapped; DDP runs it beside the backward, and
+    what the step pays for it shows as (multi-GPU step - 1-GPU step):
     `python -m analysis_tools scaling` prints both.
     Bus bandwidth follows the nccl-tests convention (comparable across N).
     """
@@ -415,14 +470,22 @@ def measure_communication(group, reps: int = 10) -> dict:
     buckets = math.ceil(group.gradient_numel / numel)
     full = torch.ones(numel, device=group.device, dtype=wire)
     shard = torch.ones(numel // n, device=group.device)
-    if ddp:
+    # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
+    all_gather = getattr(group.dist, "all_gather_single", group.dist.all_gather_into_tensor)
+    reduce_scatter = getattr(group.dist, "reduce_scatter_single", group.dist.reduce_scatter_tensor)
+    if getattr(group, "shard_optimizer", False):
+        # one reduce-scatter of the flat bf16 gradients and one all-gather of the weights
+        # (the fp32 embeddings' and norms' all-reduce, a small part, is left out)
+        full = torch.ones_like(group.flat)
+        shard = full[: full.numel() // n].clone()
+        numel, buckets = full.numel(), 1
+        ops = {"all_gather": _time(group, lambda: all_gather(full, shard), reps),
+               "reduce_scatter": _time(group, lambda: reduce_scatter(shard, full), reps)}
+        per_step = ops["all_gather"] + ops["reduce_scatter"]
+    elif ddp:
         ops = {"all_reduce": _time(group, lambda: group.dist.all_reduce(full), reps)}
         per_step = ops["all_reduce"] * buckets
     else:
-        # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
-        all_gather = getattr(group.dist, "all_gather_single", group.dist.all_gather_into_tensor)
-        reduce_scatter = getattr(group.dist, "reduce_scatter_single",
-                                 group.dist.reduce_scatter_tensor)
         ops = {"all_gather": _time(group, lambda: all_gather(full, shard), reps),
                "reduce_scatter": _time(group, lambda: reduce_scatter(shard, full), reps)}
         per_step = (2 * ops["all_gather"] + ops["reduce_scatter"]) * buckets

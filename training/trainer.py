@@ -15,7 +15,7 @@ from harness import flops, master_weights, measure, probes, results
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import NonFiniteLoss, OutOfMemory, UsageError
 from harness.precision import autocast_for, choose_precision, configure_matmul_precision
-from harness.training_step import (enable_grad_checkpointing, host_settings, make_optimizer,
+from harness.training_step import (enable_grad_checkpointing, host_settings,
                                    step_collect)
 
 from . import parallel
@@ -238,7 +238,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         add_nvtx_ranges(model)
     model = ctx.wrap(model, settings)
     train_model = torch.compile(model, mode=settings.compile_mode) if settings.compile else model
-    optimizer = make_optimizer(model, settings, device, masters)
+    optimizer = ctx.make_optimizer(model, settings, device, masters)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     batches = data_mod.Batches(settings.data, cfg.vocab_size, settings.batch_size,
                                settings.seq_len, settings.seed, settings.data_path,
