@@ -15,8 +15,8 @@
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
 #   static      --ddp-static-graph            (DDP fixes its bucket order after step 1)
-#   shard       --shard-optimizer             (with --optimizer master in EXTRA_ARGS: no DDP;
-#                                              reduce-scatter, 1/N of the update, all-gather)
+#   shard       --shard-optimizer             (no DDP: reduce-scatter, 1/N of the optimizer
+#                                              step, all-gather)
 #   normalprio  --comm-priority normal        (NCCL on a normal-priority stream)
 #   nchN        env NCCL_MAX_NCHANNELS=N      (NCCL uses at most N channels, i.e. fewer SMs
 #                                              taken from the backward it overlaps; nch4 ...)

@@ -149,9 +149,12 @@ def _scaling() -> list[Row]:
                  (*BF16, *GRAPHS), gpus=2, baseline="v4_best_1gpu", env=("NCCL_MAX_NCHANNELS=8",))]
     # the medium rows' all-reduce takes about what a step loses, overlap or not: the same
     # bytes as a reduce-scatter and an all-gather after the backward buy 1/N of the optimizer
-    rows += [Row("scaling", f"v4_best_ddp{n}_shard_optimizer", "scaling",
-                 f"V4 graphs + master weights, x{n}, `--shard-optimizer`", "v4",
-                 (*BF16, *GRAPHS, "--shard-optimizer"), gpus=n, baseline="v4_best_1gpu")
+    # (and, compiled without graphs, one graph instead of a piece per bucket)
+    rows += [Row("scaling", f"v4_{mode}_ddp{n}_shard_optimizer", "scaling",
+                 f"V4 {words}, x{n}, `--shard-optimizer`", "v4",
+                 (*BF16, *flags, "--shard-optimizer"), gpus=n, baseline=f"v4_{mode}_1gpu")
+             for mode, words, flags in (("compile", "compiled", ("--compile",)),
+                                        ("best", "graphs + master weights", GRAPHS))
              for n in (2, 4)]
     levers = {  # name: (label, flags), each on V4 compiled x2
         "ddp2_bucket25": ("DDP x2, `--ddp-bucket-mb 25`", ("--ddp-bucket-mb", "25")),

@@ -224,15 +224,18 @@ def single_run(tmp_path_factory):
 
 
 @pytest.mark.slow  # two gloo ranks against one process, ~20 s: make test-slow
-@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "shard_optimizer"])
 def test_two_processes_match_one_process_with_the_global_batch(kind, single_run, tmp_path):
-    proc = torchrun(tmp_path / "out", *(["--fsdp"] if kind == "fsdp2" else []))
+    """fp32 weights, two micro-steps a step: DDP, FSDP2 and the sharded optimizer alike."""
+    flags = {"ddp": [], "fsdp2": ["--fsdp"], "shard_optimizer": ["--shard-optimizer"]}[kind]
+    proc = torchrun(tmp_path / "out", *flags)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["run.json"], "only rank 0 writes"
     assert proc.stdout.count("results:") == 1 and proc.stdout.count("step     4/4") == 1
     result = json.loads((tmp_path / "out" / "run.json").read_text())
     assert result["losses"] == pytest.approx(single_run["losses"], rel=1e-5)
     run = result["run"]
-    assert (run["world_size"], run["parallel"], run["global_batch_size"]) == (2, kind, 16)
+    assert (run["world_size"], run["parallel"], run["global_batch_size"]) == (
+        2, "fsdp2" if kind == "fsdp2" else "ddp", 16)
     assert result["throughput"]["tokens_per_s"] > 0
     dist_info = result["distributed"]
     assert dist_info["backend"] == "gloo" and dist_info["global_batch_size"] == 16
@@ -563,14 +566,18 @@ class ScaledTwoLayers(TwoLayers):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_sharded_optimizer_steps_as_the_master_weights_optimizer(group_of_one, device):
-    """--shard-optimizer on one rank: the flat bf16 buffer the weights become views of, and
-    the update of its shard and of the fp32 parameters, give MasterWeightAdamW's weights step
-    for step (two ranks and their padding: the slow test below). On a GPU (NCCL, the
-    compiled update) to rounding: the two compile the same arithmetic into different kernels."""
+@pytest.mark.parametrize("optimizer", ["master", "default"])
+def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device, optimizer):
+    """--shard-optimizer on one rank: the flat buffer the weights become views of, and the
+    update of its shard (and, with master weights, of the fp32 parameters beside it), give
+    the weights of the unsharded optimizer step for step: MasterWeightAdamW exactly,
+    torch.optim.AdamW to rounding (the same formula in another order). Two ranks and their
+    padding: the slow test below. On a GPU (NCCL, the compiled update) to rounding."""
     from harness.master_weights import MasterWeightAdamW, split_master_weights
 
     x = torch.randn(3, 4, device=device)
+    master = optimizer == "master"
+    hyper = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
 
     def train(model, optimizer):
         for _ in range(3):
@@ -582,25 +589,27 @@ def test_sharded_optimizer_steps_as_the_master_weights_optimizer(group_of_one, d
         return [p.detach().float().clone() for p in model.parameters()]
 
     reference = ScaledTwoLayers().to(device)
-    masters = split_master_weights(reference)
-    expected = train(reference, MasterWeightAdamW(reference.parameters(), masters, lr=1e-2,
-                                                  betas=(0.9, 0.95), weight_decay=0.1))
-    chosen = dict(shard_optimizer=True, optimizer="master", grad_accum=1, learning_rate=1e-2,
+    expected = train(reference, MasterWeightAdamW(reference.parameters(), split_master_weights(reference),
+                                                  **hyper) if master else
+                     torch.optim.AdamW(reference.parameters(), foreach=False, **hyper))
+    chosen = dict(shard_optimizer=True, optimizer=optimizer, grad_accum=1, learning_rate=1e-2,
                   device=device)
     ctx = group_of_one(**chosen)
     model = ScaledTwoLayers().to(ctx.device)
-    masters = split_master_weights(model)
+    masters = split_master_weights(model) if master else None
     model = ctx.wrap(model, settings(**chosen))
     assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
     optimizer = ctx.make_optimizer(model, settings(**chosen), ctx.device, masters)
+    flat_dtype = torch.bfloat16 if master else torch.float32
+    assert ctx.flat.dtype == flat_dtype and len(ctx.flat_params) == (4 if master else 5)
     assert all(p.untyped_storage().data_ptr() == ctx.flat.untyped_storage().data_ptr()
-               for p in model.parameters() if p.dtype == torch.bfloat16)
-    assert masters == {}, "the full fp32 masters are dropped: the rank keeps its slice"
+               for p in ctx.flat_params)
+    assert not masters, "the full fp32 masters are dropped: the rank keeps its slice"
     for got, want in zip(train(model, optimizer), expected):
-        if device == "cpu":
+        if device == "cpu" and master:
             assert torch.equal(got, want)
         else:
-            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)  # bf16 weights
+            torch.testing.assert_close(got, want, rtol=1e-2 if master else 1e-5, atol=1e-3 if master else 1e-6)
     assert ctx.extra["shard_optimizer"] is True
     comm = measure_communication(ctx, reps=1)
     assert set(comm["ms_per_bucket"]) == {"all_gather", "reduce_scatter"} and comm["buckets"] == 1
@@ -608,12 +617,12 @@ def test_sharded_optimizer_steps_as_the_master_weights_optimizer(group_of_one, d
 
 def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
     from harness.master_weights import split_master_weights
-    from training.sharded_optimizer import flatten_low_precision
+    from training.sharded_optimizer import flatten_parameters
 
     model = ScaledTwoLayers()
     split_master_weights(model)
     before = [p.detach().clone() for p in model.parameters()]
-    flat, low = flatten_low_precision(model, torch.bfloat16, world_size=3)
+    flat, low = flatten_parameters(model, torch.bfloat16, world_size=3)
     assert flat.numel() % 3 == 0 and flat.numel() - sum(p.numel() for p in low) < 3
     assert len(low) == 4 and all(p.dtype == torch.bfloat16 for p in low)  # two weights, two biases
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
@@ -622,13 +631,20 @@ def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
 
 
 @pytest.mark.parametrize("changes, fragment", [
-    (dict(optimizer="adamw"), "add --optimizer master"),
+    (dict(optimizer="fused"), "drop --optimizer fused"),
     (dict(optimizer="master", ddp_bucket_mb=50.0), "--ddp-bucket-mb configures DDP, which --shard-optimizer"),
     (dict(optimizer="master", fsdp=True), "--shard-optimizer configures DDP"),
 ])
-def test_shard_optimizer_needs_master_weights_and_no_ddp_knob(group_of_one, changes, fragment):
+def test_shard_optimizer_refuses_what_it_would_not_do(group_of_one, changes, fragment):
     with pytest.raises(UsageError, match=fragment):
         group_of_one(shard_optimizer=True, grad_accum=1, **changes)
+
+
+def test_shard_optimizer_refuses_fp16_loss_scaling(group_of_one):
+    ctx = group_of_one(shard_optimizer=True, optimizer="default")
+    ctx.check_precision("bf16")
+    with pytest.raises(UsageError, match="fp16"):
+        ctx.check_precision("fp16")
 
 
 @pytest.mark.slow  # ~17 s each, two ranks: make test-slow

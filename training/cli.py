@@ -94,9 +94,10 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "so DDP records the order once (static_graph=True) and skips its "
                         "per-step bookkeeping")
     t.add_argument("--shard-optimizer", action="store_true",
-                   help="with --optimizer master, in place of DDP: reduce-scatter the bf16 "
-                        "gradients after backward, each GPU updates its 1/N of the fp32 master "
-                        "weights and AdamW state, all-gather the weights (ZeRO stage 1)")
+                   help="in place of DDP: reduce-scatter the gradients after backward, each "
+                        "GPU updates its 1/N of the weights with AdamW state for that 1/N only "
+                        "(with --optimizer master: of the fp32 masters), all-gather the weights "
+                        "(ZeRO stage 1); not with --optimizer foreach/fused")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")

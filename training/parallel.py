@@ -25,7 +25,7 @@ the trainer gets, and it talks to both through the same methods.
 Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
 --compile-ddp, --ddp-static-graph for DDP; --fsdp-reshard-after-forward and
 --fsdp-param-dtype for FSDP2; --comm-priority for both. --shard-optimizer
-(training/sharded_optimizer.py) replaces DDP where --optimizer master runs.
+(training/sharded_optimizer.py) replaces DDP with a sharded optimizer.
 
 After training, each rank times the step's collectives alone
 (measure_communication, at the end of this file) and rank 0 records them with the results. The scaling
@@ -80,6 +80,9 @@ class SingleProcess:
     def make_optimizer(self, model, settings, device, masters):
         return make_optimizer(model, settings, device, masters)
 
+    def check_precision(self, precision: str) -> None:
+        pass
+
     def no_sync(self, model, micro_step):
         return contextlib.nullcontext()
 
@@ -101,10 +104,11 @@ def launched_by_torchrun() -> bool:
 
 
 def _check_shard_optimizer(settings) -> None:
-    """--shard-optimizer shards --optimizer master's state and replaces DDP's buckets."""
-    if settings.optimizer != "master":
-        raise UsageError("--shard-optimizer shards the fp32 master weights and AdamW state of "
-                         "--optimizer master: add --optimizer master (and --precision bf16)")
+    """--shard-optimizer runs its own AdamW update and replaces DDP's buckets."""
+    if settings.optimizer in ("foreach", "fused"):
+        raise UsageError(f"--shard-optimizer updates each GPU's slice of the weights with its own "
+                         f"AdamW step, not torch's {settings.optimizer} one: drop --optimizer "
+                         f"{settings.optimizer} (or use --optimizer master)")
     replaced = [flag for name, flag in DDP_KNOBS.items()
                 if name != "shard_optimizer" and getattr(settings, name) != DEFAULTS[name]]
     if replaced:
@@ -211,6 +215,8 @@ class DataParallel(SingleProcess):
         self.shard_optimizer = settings.shard_optimizer and not fully_shard
         if self.shard_optimizer:
             _check_shard_optimizer(settings)
+            # the flat buffer holds the weights the optimizer steps: bf16 with master weights
+            self.flat_dtype = torch.bfloat16 if settings.optimizer == "master" else torch.float32
         self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
         self.reshard_after_forward = settings.fsdp_reshard_after_forward
         self.param_dtype = settings.fsdp_param_dtype
@@ -272,25 +278,34 @@ class DataParallel(SingleProcess):
         return model
 
     def _flatten_for_sharding(self, model):
-        """--shard-optimizer: no DDP wrapper; the bf16 weights become views of one flat
-        buffer (training/sharded_optimizer.py), and every rank starts from rank 0's weights,
-        as DDP would make it."""
-        from training.sharded_optimizer import flatten_low_precision
+        """--shard-optimizer: no DDP wrapper; the weights become views of one flat buffer
+        (training/sharded_optimizer.py), and every rank starts from rank 0's weights, as
+        DDP would make it."""
+        from training.sharded_optimizer import flatten_parameters
 
-        self.flat, self.low = flatten_low_precision(model, torch.bfloat16, self.world_size)
+        self.flat, self.flat_params = flatten_parameters(model, self.flat_dtype, self.world_size)
         self.dist.broadcast(self.flat, src=0)
         for p in model.parameters():
-            if p.dtype != torch.bfloat16:
+            if p.dtype != self.flat_dtype:
                 self.dist.broadcast(p.data, src=0)
         return model
+
+    def check_precision(self, precision: str) -> None:
+        """fp16's loss scaler skips a step where its rank's gradients overflow: under DDP every
+        rank sees the same averaged gradients, but a sharded optimizer's ranks would decide
+        apart, and one would wait in a reduce-scatter the other never joins."""
+        if self.shard_optimizer and precision == "fp16":
+            raise UsageError("--shard-optimizer does not run with fp16 loss scaling (each GPU "
+                             "would skip overflowing steps on its own): use --precision bf16 or fp32")
 
     def make_optimizer(self, model, settings, device, masters):
         if not self.shard_optimizer:
             return make_optimizer(model, settings, device, masters)
-        from training.sharded_optimizer import ShardedMasterAdamW
+        from training.sharded_optimizer import ShardedAdamW
 
-        return ShardedMasterAdamW(model.parameters(), self.flat, self.low, masters, self.dist,
-                                  **adamw_settings(settings))
+        return ShardedAdamW(model.parameters(), self.flat, self.flat_params,
+                            masters if settings.optimizer == "master" else None, self.dist,
+                            **adamw_settings(settings))
 
     def _wrap_ddp(self, model):
         from torch.nn.parallel import DistributedDataParallel
@@ -348,7 +363,7 @@ class DataParallel(SingleProcess):
 
     def no_sync(self, model, micro_step):
         """Gradient accumulation: communicate only on the last micro-step."""
-        if micro_step == self.grad_accum - 1:
+        if micro_step == self.grad_accum - 1 or self.shard_optimizer:  # it syncs in its step
             return contextlib.nullcontext()
         return model.no_sync() if self.kind == "ddp" else _fsdp_no_sync(model)
 

@@ -208,6 +208,7 @@ def run(settings: RunSettings, build_model, reference_weights=None) -> dict:
 def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) -> dict:
     device = ctx.device if ctx.device is not None else dev.resolve_device(settings.device)
     precision = choose_precision(settings.precision, device)
+    ctx.check_precision(precision)
     configure_matmul_precision(precision)
     if settings.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
