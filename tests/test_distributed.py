@@ -314,6 +314,9 @@ def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
     note = capsys.readouterr().err
     assert note.count("\n") == 1 and "ignored" in note
     assert "--ddp-bucket-mb, --ddp-comm-hook, --comm-priority" in note
+    # --shard-optimizer acts in one process too (the same update, one shard): no note
+    ctx = parallel.setup(settings(shard_optimizer=True, optimizer="default"))
+    assert ctx.shard_optimizer and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("changes, fragment", [
@@ -567,12 +570,14 @@ class ScaledTwoLayers(TwoLayers):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("optimizer", ["master", "default"])
-def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device, optimizer):
+@pytest.mark.parametrize("launch", ["torchrun", "python"])
+def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device, optimizer, launch):
     """--shard-optimizer on one rank: the flat buffer the weights become views of, and the
     update of its shard (and, with master weights, of the fp32 parameters beside it), give
     the weights of the unsharded optimizer step for step: MasterWeightAdamW exactly,
     torch.optim.AdamW to rounding (the same formula in another order). Two ranks and their
-    padding: the slow test below. On a GPU (NCCL, the compiled update) to rounding."""
+    padding: the slow test below. On a GPU (NCCL, the compiled update) to rounding. Under
+    plain python it is the same update with nothing to send: the sharded rows' baseline."""
     from harness.master_weights import MasterWeightAdamW, split_master_weights
 
     x = torch.randn(3, 4, device=device)
@@ -594,12 +599,12 @@ def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device
                      torch.optim.AdamW(reference.parameters(), foreach=False, **hyper))
     chosen = dict(shard_optimizer=True, optimizer=optimizer, grad_accum=1, learning_rate=1e-2,
                   device=device)
-    ctx = group_of_one(**chosen)
-    model = ScaledTwoLayers().to(ctx.device)
+    ctx = group_of_one(**chosen) if launch == "torchrun" else parallel.SingleProcess(settings(**chosen))
+    model = ScaledTwoLayers().to(device)
     masters = split_master_weights(model) if master else None
     model = ctx.wrap(model, settings(**chosen))
     assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    optimizer = ctx.make_optimizer(model, settings(**chosen), ctx.device, masters)
+    optimizer = ctx.make_optimizer(model, settings(**chosen), torch.device(device), masters)
     flat_dtype = torch.bfloat16 if master else torch.float32
     assert ctx.flat.dtype == flat_dtype and len(ctx.flat_params) == (4 if master else 5)
     assert all(p.untyped_storage().data_ptr() == ctx.flat.untyped_storage().data_ptr()
@@ -610,9 +615,10 @@ def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, rtol=1e-2 if master else 1e-5, atol=1e-3 if master else 1e-6)
-    assert ctx.extra["shard_optimizer"] is True
-    comm = measure_communication(ctx, reps=1)
-    assert set(comm["ms_per_bucket"]) == {"all_gather", "reduce_scatter"} and comm["buckets"] == 1
+    if launch == "torchrun":
+        assert ctx.extra["shard_optimizer"] is True
+        comm = measure_communication(ctx, reps=1)
+        assert set(comm["ms_per_bucket"]) == {"all_gather", "reduce_scatter"} and comm["buckets"] == 1
 
 
 def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():

@@ -71,14 +71,43 @@ ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded 
 
 
 class SingleProcess:
-    """One process, nothing to synchronise: every method is the identity."""
-    rank, world_size, is_main, kind, device, extra = 0, 1, True, "single", None, None
+    """One process, nothing to synchronise: every method is the identity, except that
+    --shard-optimizer runs its flat AdamW update here too (one shard: the whole model), so
+    that the sharded rows' 1-GPU baseline runs the same optimizer code."""
+    rank, world_size, is_main, kind, device, extra, dist = 0, 1, True, "single", None, None, None
+
+    def __init__(self, settings=None):
+        self.shard_optimizer = bool(settings and settings.shard_optimizer)
+        if self.shard_optimizer:
+            _check_shard_optimizer(settings)
+            # the flat buffer holds the weights the optimizer steps: bf16 with master weights
+            self.flat_dtype = torch.bfloat16 if settings.optimizer == "master" else torch.float32
 
     def wrap(self, model, settings):
+        return self._flatten_for_sharding(model) if self.shard_optimizer else model
+
+    def _flatten_for_sharding(self, model):
+        """--shard-optimizer: no DDP wrapper; the weights become views of one flat buffer
+        (training/sharded_optimizer.py), and every rank starts from rank 0's weights, as
+        DDP would make it."""
+        from training.sharded_optimizer import flatten_parameters
+
+        self.flat, self.flat_params = flatten_parameters(model, self.flat_dtype, self.world_size)
+        if self.dist is not None:
+            self.dist.broadcast(self.flat, src=0)
+            for p in model.parameters():
+                if p.dtype != self.flat_dtype:
+                    self.dist.broadcast(p.data, src=0)
         return model
 
     def make_optimizer(self, model, settings, device, masters):
-        return make_optimizer(model, settings, device, masters)
+        if not self.shard_optimizer:
+            return make_optimizer(model, settings, device, masters)
+        from training.sharded_optimizer import ShardedAdamW
+
+        return ShardedAdamW(model.parameters(), self.flat, self.flat_params,
+                            masters if settings.optimizer == "master" else None, self.dist,
+                            **adamw_settings(settings))
 
     def check_precision(self, precision: str) -> None:
         pass
@@ -129,8 +158,8 @@ def check_knobs(settings, under_torchrun: bool) -> None:
         return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
 
     ddp_set, fsdp_set = changed(DDP_KNOBS), changed(FSDP_KNOBS)
-    if not under_torchrun:
-        ignored = ddp_set + fsdp_set + changed(SHARED_KNOBS)
+    if not under_torchrun:  # --shard-optimizer acts on one GPU too: the same optimizer code
+        ignored = [f for f in ddp_set if f != "--shard-optimizer"] + fsdp_set + changed(SHARED_KNOBS)
         if ignored:
             print(f"note: {', '.join(ignored)} only act under torchrun; ignored in "
                   f"this single-process run", file=sys.stderr)
@@ -150,7 +179,7 @@ def setup(settings):
             raise UsageError("--fsdp shards the model over several processes: launch with "
                              "torchrun --nproc-per-node N <script> --fsdp ...")
         check_knobs(settings, under_torchrun=False)
-        return SingleProcess()
+        return SingleProcess(settings)
     check_knobs(settings, under_torchrun=True)
     import torch.distributed as dist
 
@@ -212,11 +241,7 @@ class DataParallel(SingleProcess):
                                                     else BUCKET_MB)
         self.comm_hook = settings.ddp_comm_hook
         self.static_graph = settings.ddp_static_graph
-        self.shard_optimizer = settings.shard_optimizer and not fully_shard
-        if self.shard_optimizer:
-            _check_shard_optimizer(settings)
-            # the flat buffer holds the weights the optimizer steps: bf16 with master weights
-            self.flat_dtype = torch.bfloat16 if settings.optimizer == "master" else torch.float32
+        super().__init__(settings if not fully_shard else None)
         self.compile_ddp = settings.compile_ddp if settings.compile else None  # only compile reads it
         self.reshard_after_forward = settings.fsdp_reshard_after_forward
         self.param_dtype = settings.fsdp_param_dtype
@@ -277,19 +302,6 @@ class DataParallel(SingleProcess):
         self.fully_shard(model, mesh=mesh, **mixed)  # the rest: embeddings, final norm, output head
         return model
 
-    def _flatten_for_sharding(self, model):
-        """--shard-optimizer: no DDP wrapper; the weights become views of one flat buffer
-        (training/sharded_optimizer.py), and every rank starts from rank 0's weights, as
-        DDP would make it."""
-        from training.sharded_optimizer import flatten_parameters
-
-        self.flat, self.flat_params = flatten_parameters(model, self.flat_dtype, self.world_size)
-        self.dist.broadcast(self.flat, src=0)
-        for p in model.parameters():
-            if p.dtype != self.flat_dtype:
-                self.dist.broadcast(p.data, src=0)
-        return model
-
     def check_precision(self, precision: str) -> None:
         """fp16's loss scaler skips a step where its rank's gradients overflow: under DDP every
         rank sees the same averaged gradients, but a sharded optimizer's ranks would decide
@@ -297,15 +309,6 @@ class DataParallel(SingleProcess):
         if self.shard_optimizer and precision == "fp16":
             raise UsageError("--shard-optimizer does not run with fp16 loss scaling (each GPU "
                              "would skip overflowing steps on its own): use --precision bf16 or fp32")
-
-    def make_optimizer(self, model, settings, device, masters):
-        if not self.shard_optimizer:
-            return make_optimizer(model, settings, device, masters)
-        from training.sharded_optimizer import ShardedAdamW
-
-        return ShardedAdamW(model.parameters(), self.flat, self.flat_params,
-                            masters if settings.optimizer == "master" else None, self.dist,
-                            **adamw_settings(settings))
 
     def _wrap_ddp(self, model):
         from torch.nn.parallel import DistributedDataParallel

@@ -59,13 +59,15 @@ class ShardedAdamW(torch.optim.Optimizer):
     of the weights. `flat` and `flat_params` are flatten_parameters'. `masters`: with
     --optimizer master, split_master_weights' {bf16 parameter: its fp32 master}, of which
     only this rank's slice is kept; None when the flat weights are fp32 and their own
-    masters. `dist` is torch.distributed with its process group initialised."""
+    masters. `dist` is torch.distributed with its process group initialised, or None for
+    one process: one shard, the whole model, and nothing to send (the 1-GPU baseline of the
+    sharded runs, the same update code)."""
 
     def __init__(self, params, flat: torch.Tensor, flat_params: list, masters: dict | None, dist,
                  lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.dist, self.flat_params = dist, flat_params
-        self.world, rank = dist.get_world_size(), dist.get_rank()
+        self.world, rank = (dist.get_world_size(), dist.get_rank()) if dist else (1, 0)
         flat_ids = {id(p) for p in flat_params}
         self.others = [p for group in self.param_groups for p in group["params"]
                        if id(p) not in flat_ids]  # fp32 beside bf16 weights: updated on every rank
@@ -73,7 +75,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         mine = slice(rank * shard, (rank + 1) * shard)
         self.weights, self.weight_shard = flat, flat[mine]  # a view: the update writes the model
         self.grads = torch.zeros_like(flat)
-        self.grad_shard = torch.empty_like(self.weight_shard)
+        self.grad_shard = torch.empty_like(self.weight_shard) if dist else self.grads
         if masters is None:  # fp32 weights: the shard is its own master
             self.master_shard, self.copies = self.weight_shard, []
         else:
@@ -96,9 +98,10 @@ class ShardedAdamW(torch.optim.Optimizer):
         # 1. this rank's slice of the averaged gradients: divided by N first, as DDP does
         n = sum(p.numel() for p in self.flat_params)
         torch.cat([p.grad.flatten() for p in self.flat_params], out=self.grads[:n])
-        self.grads.div_(self.world)
-        self.dist.reduce_scatter_tensor(self.grad_shard, self.grads)
-        if self.others:  # their gradients, averaged whole on every rank
+        if self.dist is not None:
+            self.grads.div_(self.world)
+            self.dist.reduce_scatter_tensor(self.grad_shard, self.grads)
+        if self.others and self.dist is not None:  # their gradients, averaged whole on every rank
             small = torch.cat([p.grad.flatten() for p in self.others]).div_(self.world)
             self.dist.all_reduce(small)
             for p, averaged in zip(self.others, small.split([p.numel() for p in self.others])):
@@ -111,5 +114,6 @@ class ShardedAdamW(torch.optim.Optimizer):
                      lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                      weight_decay=group["weight_decay"])
         # 3. every rank's updated slice to every rank: the whole model, in place
-        self.dist.all_gather_into_tensor(self.weights, self.weight_shard)
+        if self.dist is not None:
+            self.dist.all_gather_into_tensor(self.weights, self.weight_shard)
         return loss
