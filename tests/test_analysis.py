@@ -487,6 +487,22 @@ def test_regress_judges_a_row_measured_over_several_processes_against_its_spread
     assert "REGRESSED" in set(table[table["metric"] == "throughput"]["status"])
 
 
+def test_regress_reads_a_setting_older_results_lack_as_its_value_then(v1):
+    """Results from before --shard-optimizer record no such setting: they are the rows of
+    runs that record it off, and not those of runs that record it on."""
+    from analysis_tools.regress import row_key
+    old = json.loads(json.dumps(v1))
+    old["run"].pop("shard_optimizer", None)
+    old["distributed"] = {"kind": "ddp", "bucket_cap_mb": 25}
+    off = json.loads(json.dumps(old))
+    off["run"]["shard_optimizer"] = False
+    off["distributed"]["shard_optimizer"] = False
+    on = json.loads(json.dumps(off))
+    on["run"]["shard_optimizer"] = True
+    on["distributed"]["shard_optimizer"] = True
+    assert row_key(old) == row_key(off) != row_key(on)
+
+
 @pytest.mark.parametrize("name", ["compare_medium.json", "compare_small.json", "compare_large.json"])
 def test_the_published_set_passes_its_own_compare(name):
     """The numbers the README quotes carry no do-not-quote line: master weights in the best

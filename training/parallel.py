@@ -255,7 +255,8 @@ class DataParallel(SingleProcess):
             "processes_per_node": local_size,
             "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
             "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
-            **({"bucket_cap_mb": self.bucket_mb, "comm_hook": self.comm_hook,
+            **({"bucket_cap_mb": None if self.shard_optimizer else self.bucket_mb,
+                "comm_hook": self.comm_hook,
                 "compile_ddp": self.compile_ddp, "static_graph": self.static_graph,
                 "shard_optimizer": self.shard_optimizer}
                if self.kind == "ddp" else
