@@ -90,7 +90,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.masters = masters
         on_gpu = any(p.is_cuda for group in self.param_groups for p in group["params"])
-        self._update = _compiled_or_eager(adamw_step) if on_gpu else adamw_step
+        self._update = compiled_or_eager(adamw_step) if on_gpu else adamw_step
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -123,7 +123,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         return loss
 
 
-def _compiled_or_eager(fn):
+def compiled_or_eager(fn):
     """torch.compile(fn), falling back to fn (with one line) if compiling fails."""
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     state = {"fn": compiled}

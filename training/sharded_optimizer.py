@@ -69,8 +69,9 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.dist, self.flat_params = dist, flat_params
         self.world, rank = (dist.get_world_size(), dist.get_rank()) if dist else (1, 0)
         flat_ids = {id(p) for p in flat_params}
+        # the fp32 parameters beside bf16 flat weights: updated whole on every rank
         self.others = [p for group in self.param_groups for p in group["params"]
-                       if id(p) not in flat_ids]  # fp32 beside bf16 weights: updated on every rank
+                       if p.requires_grad and id(p) not in flat_ids]
         shard = flat.numel() // self.world
         mine = slice(rank * shard, (rank + 1) * shard)
         self.weights, self.weight_shard = flat, flat[mine]  # a view: the update writes the model
@@ -89,8 +90,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.moments = [[torch.zeros_like(t) for t in [self.master_shard, *self.others]]
                         for _ in range(2)]  # exp_avg, exp_avg_sq
         self.step_count = torch.zeros(1, dtype=torch.float32, device=flat.device)
-        self._update = (master_weights._compiled_or_eager(master_weights.adamw_step) if flat.is_cuda
-                        else master_weights.adamw_step)
+        self._update = (master_weights.compiled_or_eager(master_weights.adamw_step) if flat.is_cuda
+                        else master_weights.adamw_step)  # as MasterWeightAdamW runs it
 
     @torch.no_grad()
     def step(self, closure=None):
