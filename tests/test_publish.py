@@ -130,6 +130,8 @@ def test_scaling_rows_show_their_efficiency_and_regress_row_by_row(tmp_path):
     assert "`--comm-priority normal` | 2 | 740,000 | 370,000 | 92.5% |" in text
     assert "| V4 graphs + master weights, 1 GPU | 1 | 400,000 | 400,000 | 100.0% | - | - |" in text
     assert "exit 1: error: out of patience" in text and "x4" not in text
+    failed = next(line for line in text.splitlines() if "out of patience" in line)
+    assert failed.count("|") == text.splitlines()[0].count("|")  # a cell for every column
     assert "by `bash benchmarks/reproduce.sh scaling`" in text
     assert {r.baseline for r in ROWS if r.step == "scaling" and r.gpus > 1} == {
         r.name for r in ROWS if r.step == "scaling" and r.gpus == 1}
@@ -257,6 +259,8 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
     line = next(t for t in text.splitlines() if "`--fused-linear-ce`" in t)
     assert "| 1.10x |" in line and "| 30,000 | 0.750x | 29,500 | -1.7% |" in line
     assert "| the same, all four | exit 3: out of memory |" in text and "recompute-rope" not in text
+    failed = next(line for line in text.splitlines() if "exit 3" in line)
+    assert failed.count("|") == text.splitlines()[0].count("|")  # a cell for every column
 
 
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):

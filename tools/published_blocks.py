@@ -69,12 +69,13 @@ def row_table(s: dict, rows: list[tuple[str, str]], cols=("tok/s", "step ms", "f
     return table(["run", *cols], out)
 
 
-def _measured_row(s: dict, label: str, key: str, out: list, width: int) -> dict | None:
+def _measured_row(s: dict, label: str, key: str, out: list, header: list) -> dict | None:
     """A block's row `key` if it has numbers; a failed one becomes a line of `out` saying why
-    (its other `width` cells empty), a row not measured is left out: None for both."""
+    (its label, why, and the rest of the table's `header` empty), a row not measured is left
+    out: None for both."""
     r = s["rows"].get(key)
     if r is not None and not r.get("ok"):
-        out.append([label, _failure(r), *["-"] * width])
+        out.append([label, _failure(r), *["-"] * (len(header) - 2)])
     return r if r is not None and r.get("ok") else None
 
 
@@ -96,9 +97,11 @@ def scaling_table(s: dict, block: str) -> str:
     is tokens per step over the step, so that is step x (1 - efficiency)) and what its
     collectives take timed alone, with nothing to overlap: read together, how much of the
     communication the overlap hid."""
+    header = ["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "+ms vs 1 GPU",
+              "comm ms alone", "step ms", "fwd / bwd / opt ms", "peak MB per GPU"]
     out, machines = [], {}
     for label, key, base_key in scaled_rows(s, block):
-        r = _measured_row(s, label, key, out, 8)
+        r = _measured_row(s, label, key, out, header)
         if r is None:
             continue
         one = s["rows"].get(base_key, {}) if base_key else r
@@ -117,8 +120,7 @@ def scaling_table(s: dict, block: str) -> str:
     if len(machines) > 1:
         caption += (" The 1-GPU rows shown are the last published for this page's GPU model; each "
                     "multi-GPU row's efficiency is against the 1-GPU run measured with it, on its machine.")
-    return table(["run", "GPUs", "tokens/s", "tok/s per GPU", "scaling efficiency", "+ms vs 1 GPU",
-                  "comm ms alone", "step ms", "fwd / bwd / opt ms", "peak MB per GPU"], out) + (f"\n\n{caption}" if caption else "")
+    return table(header, out) + (f"\n\n{caption}" if caption else "")
 
 
 def overlap_table(s: dict, block: str) -> str:
@@ -268,9 +270,11 @@ def memory_switches_block(s: dict) -> str:
     (the large comparison) and the memory model's prediction for the same run."""
     v4 = speed(s, "large", "v4", "reduce-overhead-master")
     predicted = {m.get("file"): m for m in s.get("memory_switches") or []}
+    header = ["run", "tok/s", "x V4 best", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
+              "model error"]
     out = []
     for label, key in block_rows(s, "v3-memory-switches"):
-        r = _measured_row(s, label, key, out, 8)
+        r = _measured_row(s, label, key, out, header)
         if r is None:
             continue
         m = predicted.get(key.split("/", 1)[1], {})
@@ -281,8 +285,7 @@ def memory_switches_block(s: dict) -> str:
                     num(m.get("predicted MiB")), num(m.get("error %"), "+.1f") + "%" if m else "-"])
     if not out:
         return PLACEHOLDER
-    return table(["run", "tok/s", "x V4 best", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
-                  "model error"], out)
+    return table(header, out)
 
 
 def memory_check_block(s: dict) -> str:
