@@ -74,7 +74,8 @@ def settings(**changes):
     base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
                 compile_mode="default",
                 **{name: parallel.DEFAULTS[name]
-                   for name in {**parallel.DDP_KNOBS, **parallel.FSDP_KNOBS, **parallel.SHARED_KNOBS}})
+                   for name in {**parallel.DDP_KNOBS, **parallel.SHARD_KNOB, **parallel.FSDP_KNOBS,
+                                **parallel.SHARED_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
 
 

@@ -61,8 +61,9 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 # Knobs that only one wrapper reads, with their flags: asking for one that will not
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
-             "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph",
-             "shard_optimizer": "--shard-optimizer"}
+             "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
+# In place of DDP (so not with --fsdp, nor beside DDP's knobs); it acts in one process too
+SHARD_KNOB = {"shard_optimizer": "--shard-optimizer"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward",
               "fsdp_param_dtype": "--fsdp-param-dtype"}
 SHARED_KNOBS = {"comm_priority": "--comm-priority"}  # both wrappers read it
@@ -132,14 +133,18 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def changed_flags(settings, knobs: dict) -> list[str]:
+    """The flags of `knobs` ({setting: flag}) set to other than their default."""
+    return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
+
+
 def _check_shard_optimizer(settings) -> None:
     """--shard-optimizer runs its own AdamW update and replaces DDP's buckets."""
     if settings.optimizer in ("foreach", "fused"):
         raise UsageError(f"--shard-optimizer updates each GPU's slice of the weights with its own "
                          f"AdamW step, not torch's {settings.optimizer} one: drop --optimizer "
                          f"{settings.optimizer} (or use --optimizer master)")
-    replaced = [flag for name, flag in DDP_KNOBS.items()
-                if name != "shard_optimizer" and getattr(settings, name) != DEFAULTS[name]]
+    replaced = changed_flags(settings, DDP_KNOBS)
     if replaced:
         raise UsageError(f"{', '.join(replaced)} configure{'s' if len(replaced) == 1 else ''} "
                          f"DDP, which --shard-optimizer replaces: drop "
@@ -154,17 +159,14 @@ def check_knobs(settings, under_torchrun: bool) -> None:
     multi-GPU run. Under torchrun, a knob the chosen wrapper never reads is
     almost certainly a mistake, so it stops the run (exit code 2).
     """
-    def changed(knobs: dict) -> list[str]:  # the flags of the knobs set to other than the default
-        return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
-
-    ddp_set, fsdp_set = changed(DDP_KNOBS), changed(FSDP_KNOBS)
-    if not under_torchrun:  # --shard-optimizer acts on one GPU too: the same optimizer code
-        ignored = [f for f in ddp_set if f != "--shard-optimizer"] + fsdp_set + changed(SHARED_KNOBS)
+    ddp_set, fsdp_set = changed_flags(settings, DDP_KNOBS), changed_flags(settings, FSDP_KNOBS)
+    if not under_torchrun:
+        ignored = ddp_set + fsdp_set + changed_flags(settings, SHARED_KNOBS)
         if ignored:
             print(f"note: {', '.join(ignored)} only act under torchrun; ignored in "
                   f"this single-process run", file=sys.stderr)
         return
-    wrong = ddp_set if settings.fsdp else fsdp_set
+    wrong = ddp_set + changed_flags(settings, SHARD_KNOB) if settings.fsdp else fsdp_set
     if wrong:
         raise UsageError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} "
                          f"{'DDP' if settings.fsdp else 'FSDP2 (--fsdp)'}, but this run uses "
