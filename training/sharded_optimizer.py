@@ -67,6 +67,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                  lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.dist, self.flat_params = dist, flat_params
+        self.used = sum(p.numel() for p in flat_params)  # the flat buffer past it is padding
         self.world, rank = (dist.get_world_size(), dist.get_rank()) if dist else (1, 0)
         flat_ids = {id(p) for p in flat_params}
         # the fp32 parameters beside bf16 flat weights: updated whole on every rank
@@ -80,9 +81,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         if masters is None:  # fp32 weights: the shard is its own master
             self.master_shard, self.copies = self.weight_shard, []
         else:
-            padding = flat.numel() - sum(p.numel() for p in flat_params)
             fp32 = torch.cat([masters[p].flatten() for p in flat_params] +
-                             [flat.new_zeros(padding, dtype=torch.float32)])
+                             [flat.new_zeros(flat.numel() - self.used, dtype=torch.float32)])
             self.master_shard, self.copies = fp32[mine].clone(), [self.weight_shard]
             del fp32
             for p in flat_params:  # the full fp32 copies go: this rank keeps its slice
@@ -97,8 +97,7 @@ class ShardedAdamW(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         # 1. this rank's slice of the averaged gradients: divided by N first, as DDP does
-        n = sum(p.numel() for p in self.flat_params)
-        torch.cat([p.grad.flatten() for p in self.flat_params], out=self.grads[:n])
+        torch.cat([p.grad.flatten() for p in self.flat_params], out=self.grads[:self.used])
         if self.dist is not None:
             self.grads.div_(self.world)
             self.dist.reduce_scatter_tensor(self.grad_shard, self.grads)
