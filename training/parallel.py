@@ -486,30 +486,29 @@ def measure_communication(group, reps: int = 10) -> dict:
             group.gradient_dtype if ddp else torch.float32)
     # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
     held = (group.gradient_dtype if ddp else torch.float32).itemsize
-    numel = min(group.gradient_numel, int((group.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
-    numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
-    buckets = math.ceil(group.gradient_numel / numel)
+    if group.shard_optimizer:
+        # one reduce-scatter of the flat gradients and one all-gather of the weights, whole
+        # (with master weights, the fp32 embeddings' and norms' small all-reduce is left out)
+        numel, buckets, wire = group.flat.numel(), 1, group.flat.dtype
+    else:
+        numel = min(group.gradient_numel, int((group.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
+        numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
+        buckets = math.ceil(group.gradient_numel / numel)
     full = torch.ones(numel, device=group.device, dtype=wire)
-    shard = torch.ones(numel // n, device=group.device)
-    # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
-    all_gather = getattr(group.dist, "all_gather_single", group.dist.all_gather_into_tensor)
-    reduce_scatter = getattr(group.dist, "reduce_scatter_single", group.dist.reduce_scatter_tensor)
-    if getattr(group, "shard_optimizer", False):
-        # one reduce-scatter of the flat bf16 gradients and one all-gather of the weights
-        # (the fp32 embeddings' and norms' all-reduce, a small part, is left out)
-        full = torch.ones_like(group.flat)
-        shard = full[: full.numel() // n].clone()
-        numel, buckets = full.numel(), 1
-        ops = {"all_gather": _time(group, lambda: all_gather(full, shard), reps),
-               "reduce_scatter": _time(group, lambda: reduce_scatter(shard, full), reps)}
-        per_step = ops["all_gather"] + ops["reduce_scatter"]
-    elif ddp:
+    if ddp and not group.shard_optimizer:
         ops = {"all_reduce": _time(group, lambda: group.dist.all_reduce(full), reps)}
         per_step = ops["all_reduce"] * buckets
     else:
+        shard = torch.ones(numel // n, device=group.device, dtype=wire)
+        # all_gather_single/reduce_scatter_single: the newer names (torch 2.13+)
+        all_gather = getattr(group.dist, "all_gather_single", group.dist.all_gather_into_tensor)
+        reduce_scatter = getattr(group.dist, "reduce_scatter_single", group.dist.reduce_scatter_tensor)
         ops = {"all_gather": _time(group, lambda: all_gather(full, shard), reps),
                "reduce_scatter": _time(group, lambda: reduce_scatter(shard, full), reps)}
-        per_step = (2 * ops["all_gather"] + ops["reduce_scatter"]) * buckets
+        # FSDP2 gathers each block's weights twice a step (forward, backward); the sharded
+        # optimizer once, after its update
+        gathers = 1 if group.shard_optimizer else 2
+        per_step = (gathers * ops["all_gather"] + ops["reduce_scatter"]) * buckets
     nbytes = numel * full.element_size()
     busbw = {op: nbytes / ms / 1e6 * BUS_FACTOR[op] * (n - 1) / n for op, ms in ops.items()}
     return {"method": f"{reps} timed calls on an idle device, slowest rank, "
