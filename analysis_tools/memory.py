@@ -84,9 +84,10 @@ class Implementation:
 
 
 def implementation_for(version: str, options: dict | None = None, run: dict | None = None,
-                       device_type: str = "cuda") -> Implementation:
+                       device_type: str = "cuda", model: ModelConfig | None = None) -> Implementation:
     """What a run keeps alive: its version's spec, changed by the switches its results
-    JSON records (exact names; a switch the spec does not declare is refused)."""
+    JSON records (exact names; a switch the spec does not declare is refused). A switch
+    not recorded counts at its default, which for some switches depends on `model`."""
     try:
         spec = config.load_spec(version)
     except KeyError:  # not a version (the HF peer, the debugging stages): plain defaults
@@ -94,7 +95,7 @@ def implementation_for(version: str, options: dict | None = None, run: dict | No
     impl = Implementation()
     if spec is not None:
         try:
-            changes = spec.memory_changes(dict(options or {}))
+            changes = spec.memory_changes(dict(options or {}), model)
         except KeyError as e:
             raise AnalysisError(f"{version} declares no switch {e.args[0]}: a switch and what it "
                                 f"changes in memory are declared in {VERSIONS[version].folder}/spec.py") from None
@@ -254,7 +255,7 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
             impl: Implementation | str = "v1", grad_checkpoint: bool = False,
             grad_accum: int = 1, device: str | None = "cuda") -> Prediction:
     """Peak bytes of a steady-state training step (optimizer state already exists)."""
-    impl = implementation_for(impl, device_type=device or "cuda") if isinstance(impl, str) else impl
+    impl = implementation_for(impl, device_type=device or "cuda", model=cfg) if isinstance(impl, str) else impl
     sh = Shape(cfg, batch, seq, precision)
     c, a, n, L = cfg, sh.a, sh.n, cfg.num_layers
     nd, nf, nv = n * c.hidden_dim, n * c.ffn_dim, n * c.vocab_size
@@ -324,7 +325,8 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
 
 def predict_for_result(result: dict) -> Prediction:
     run, device = result["run"], result["device"]
-    impl = implementation_for(result["version"], result.get("options"), run, device["type"])
+    impl = implementation_for(result["version"], result.get("options"), run, device["type"],
+                              model_config(result))
     return predict(model_config(result), run["batch_size"], run["seq_len"], run["precision"],
                    impl, run.get("grad_checkpoint", False), run.get("grad_accum", 1), device["type"])
 
@@ -559,10 +561,10 @@ def predict_preset(preset: str, version: str = "v1", batch: int | None = None, s
     options = None
     if switches:
         try:
-            options = config.load_spec(version).settle(switches)
+            options = config.load_spec(version).settle(switches, p.model)
         except KeyError as e:
             raise AnalysisError(f"{e.args[0]} (--switch takes a switch of --version {version}, "
                                 f"as its flag without the dashes)") from None
-    impl = implementation_for(version, options, {"optimizer": optimizer}, device)
+    impl = implementation_for(version, options, {"optimizer": optimizer}, device, p.model)
     return predict(p.model, batch or p.batch_size, seq or p.seq_len, precision, impl,
                    grad_checkpoint, 1, device)

@@ -124,7 +124,7 @@ def step_points(results: list[dict]) -> pd.DataFrame:
     rows = []
     for label, r in zip(unique_labels(results), results):
         run = r["run"]
-        impl = implementation_for(r["version"], r.get("options"), run, r["device"]["type"])
+        impl = implementation_for(r["version"], r.get("options"), run, r["device"]["type"], model_config(r))
         ops = training_ops(model_config(r), run["batch_size"], run["seq_len"], run["precision"],
                            impl.attention, impl.fused_qkv, impl.fused_gate_up)
         rows.append({"label": label, "intensity": r["flops"]["per_step"] / ops["bytes"].sum(),
@@ -239,7 +239,7 @@ def draw_roofline(results=None, preset: str | None = None, batch: int | None = N
         batch, seq = batch or run["batch_size"], seq or run["seq_len"]
         precision = precision or run["precision"]
         attention = attention or implementation_for(first["version"], first.get("options"), run,
-                                                    first["device"]["type"]).attention
+                                                    first["device"]["type"], cfg).attention
     else:
         preset = preset or "small"
         if preset not in PRESETS:

@@ -75,7 +75,7 @@ describe_step() {
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
         scaling)        echo "~35 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, V4 at the large preset, the DDP and FSDP2 levers, V4 compiled and at its best with the optimizer sharded, V4 profiled on 1 GPU and x2 under DDP and FSDP2 (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
-        switches)       echo "~9 min    switches/: V3 large at its best with each memory switch (fused linear + CE, recomputed RoPE, SwiGLU, norms) and all four, each against the memory model's prediction (needs a 64+ GiB GPU)" ;;
+        switches)       echo "~9 min    switches/: V3 large at its best (fused linear + CE on, its default there) with it off, with each recomputation (RoPE, SwiGLU, norms) and all three, each against the memory model's prediction (needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
         regress)        echo "~0.1 min  python -m analysis_tools regress against docs/published/<gpu>/" ;;
     esac

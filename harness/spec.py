@@ -37,6 +37,8 @@ class Switch:
     name: str        # results JSON key and build_model keyword; the flag is --name-with-dashes
     help: str
     memory: dict     # value -> {Implementation field: value}; a value not listed changes nothing
+    # the value when not asked, or a function of the model's ModelConfig giving it: a switch
+    # that pays only at some model sizes is on by default exactly there (its help says where)
     default: object = True
     choices: tuple = ()   # a value switch; empty: an on/off switch
     needs: tuple = ()     # switches that must be on for this one to take effect
@@ -46,6 +48,14 @@ class Switch:
     @property
     def option(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def default_for(self, model=None):
+        """The default for this model (a harness.config.ModelConfig)."""
+        if not callable(self.default):
+            return self.default
+        if model is None:
+            raise TypeError(f"{self.name}'s default depends on the model: pass its ModelConfig")
+        return self.default(model)
 
 
 @dataclass(frozen=True)
@@ -71,15 +81,18 @@ class VersionSpec:
     def flags(self) -> tuple:
         return tuple(s for s in self.switches if s.flag)
 
-    def settle(self, asked: dict) -> dict:
-        """Every flag switch's value as the model runs it: asked (or default), and an
-        on/off switch whose needs are not all on is off. What the results record."""
+    def settle(self, asked: dict, model=None) -> dict:
+        """Every flag switch's value as the model runs it: asked (or its default for this
+        model, a ModelConfig; None asks for a model-dependent default), and an on/off switch
+        whose needs are not all on is off. What the results record."""
         unknown = set(asked) - {s.name for s in self.flags}
         if unknown:
             raise KeyError(f"{self.name} has no switch {', '.join(sorted(unknown))}")
         settled = {}
         for s in self.flags:
-            value = asked.get(s.name, s.default)
+            value = asked.get(s.name)
+            if value is None and (s.name not in asked or callable(s.default)):
+                value = s.default_for(model)
             if not s.choices and value and not all(settled[n] for n in s.needs):
                 value = False
             settled[s.name] = value
@@ -92,24 +105,24 @@ class VersionSpec:
             if s.choices:
                 group.add_argument(s.option, dest=s.name, choices=s.choices, default=s.default,
                                    help=f"{s.help}{needs}")
-            else:
+            else:  # a model-dependent default is None here: settle asks the model
                 off = f"; --no-{s.option[2:]} {s.off}" if s.default else ""
-                group.add_argument(s.option, dest=s.name, default=s.default,
+                group.add_argument(s.option, dest=s.name, default=None if callable(s.default) else s.default,
                                    action=argparse.BooleanOptionalAction, help=f"{s.help}{needs}{off}")
 
-    def options(self, args) -> dict:
-        """The settled switches of parsed arguments: what build_model gets."""
-        return self.settle({s.name: getattr(args, s.name) for s in self.flags})
+    def options(self, args, model=None) -> dict:
+        """The settled switches of parsed arguments for this model: what build_model gets."""
+        return self.settle({s.name: getattr(args, s.name) for s in self.flags}, model)
 
     # ---- what a run keeps alive
-    def memory_changes(self, options: dict) -> list[dict]:
+    def memory_changes(self, options: dict, model=None) -> list[dict]:
         """The memory changes of a run's recorded options, in declaration order (a switch
-        not recorded counts at its default). KeyError: an option this version lacks."""
+        not recorded counts at its default for `model`). KeyError: an option this version lacks."""
         unknown = set(options) - {s.name for s in self.switches}
         if unknown:
             raise KeyError(", ".join(sorted(unknown)))
         changes = []
         for s in self.switches:
-            value = options.get(s.name, s.default)
+            value = options[s.name] if s.name in options else s.default_for(model)
             changes.append(s.memory.get(value, {}) if isinstance(value, (bool, str, type(None))) else {})
         return changes

@@ -128,12 +128,12 @@ def test_model_within_15_percent_of_committed_gpu_runs():
 
 
 # ---- every switch is modelled as what it runs ----------------------------------------------
-def _options(version, *argv):
-    """The options a version records for these flags (settled by its spec)."""
+def _options(version, *argv, model=CFG):
+    """The options a version records for these flags (settled by its spec for `model`)."""
     from harness.config import load_spec
     from training import cli
     spec = load_spec(version)
-    return spec.options(cli.build_parser(version, "", spec.add_arguments).parse_args(list(argv)))
+    return spec.options(cli.build_parser(version, "", spec.add_arguments).parse_args(list(argv)), model)
 
 
 V3_SWITCHES = {  # flag -> what the V3 model then runs, for the memory model

@@ -228,10 +228,11 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
     listing = subprocess.run([sys.executable, "-m", "benchmarks.experiments", "rows", "switches"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout.splitlines()
     fields = [line.split("\t") for line in listing]
-    assert [f[0] for f in fields] == ["v3_large_best", *(f"v3_large_best_{s}" for s in experiments.MEMORY_SWITCHES),
+    assert [f[0] for f in fields] == ["v3_large_best", "v3_large_best_no_fused_linear_ce",
+                                      *(f"v3_large_best_{s}" for s in experiments.RECOMPUTATIONS),
                                       "v3_large_best_all"]
-    assert {f[7] for f in fields} == {"large"} and fields[-1][-4:] == ["--fused-linear-ce", "--recompute-rope",
-                                                                       "--recompute-swiglu", "--recompute-norm"]
+    assert {f[7] for f in fields} == {"large"} and fields[-1][-3:] == ["--recompute-rope", "--recompute-swiglu",
+                                                                       "--recompute-norm"]
     template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
     pub, work = tmp_path / "h200", tmp_path / "work"
     shutil.copytree(REPO / "docs/published/h200", pub)
@@ -240,14 +241,14 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
     (pub / "summary.json").write_text(json.dumps(published))
     (work / "switches").mkdir(parents=True)
     (work / "experiments.json").write_text(json.dumps(experiments.manifest()))
-    for name, peak in (("v3_large_best", 36_000.0), ("v3_large_best_fused_linear_ce", 30_000.0)):
+    for name, peak in (("v3_large_best", 36_000.0), ("v3_large_best_recompute_norm", 30_000.0)):
         r = json.loads(json.dumps(template))
         r["memory"]["peak_allocated_mb"] = peak
         r["created"], r["git_commit"] = f"2031-01-0{int(peak) // 30_000}T00:00:00+00:00", f"c{int(peak)}"
         (work / "switches" / f"{name}.json").write_text(json.dumps(r))
     (work / "switches" / "v3_large_best_all.json").write_text(json.dumps({"exit_code": 3, "error": "out of memory"}))
     (work / "switches" / "memory_check.json").write_text(json.dumps(
-        [{"run": "v3 large", "file": "v3_large_best_fused_linear_ce", "predicted MiB": 29_500.0, "error %": -1.7}]))
+        [{"run": "v3 large", "file": "v3_large_best_recompute_norm", "predicted MiB": 29_500.0, "error %": -1.7}]))
     summary = publish.update(work, pub)
     # the model's check has no date of its own: it has the newest of the rows it read
     assert {"part": "memory_switches", "created": "2031-01-01T00:00:00+00:00",
@@ -256,9 +257,10 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
                                             "tokens_per_s": summary["rows"]["switches/v3_large_best"]["tokens_per_s"] / 1.1,
                                             "peak_memory_mb": 40_000.0}]
     text = blocks.render("v3-memory-switches", summary)
-    line = next(t for t in text.splitlines() if "`--fused-linear-ce`" in t)
+    line = next(t for t in text.splitlines() if "`--recompute-norm`" in t)
     assert "| 1.10x |" in line and "| 30,000 | 0.750x | 29,500 | -1.7% |" in line
-    assert "| the same, all four | exit 3: out of memory |" in text and "recompute-rope" not in text
+    assert "| the same, all three recomputations | exit 3: out of memory |" in text
+    assert "recompute-rope" not in text
     failed = next(line for line in text.splitlines() if "exit 3" in line)
     assert failed.count("|") == text.splitlines()[0].count("|")  # a cell for every column
 

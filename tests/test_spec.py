@@ -1,9 +1,10 @@
 """Each version declares itself once (harness/spec.py, <version folder>/spec.py)."""
+import itertools
 from dataclasses import fields
 
 import pytest
 
-from harness.config import VERSIONS, load_spec, load_version
+from harness.config import PRESETS, VERSIONS, load_spec, load_version
 from harness.spec import MODE_FLAGS, Switch, VersionSpec
 
 
@@ -26,12 +27,12 @@ def test_settled_switches_settle_to_themselves():
     """The command line settles a run's switches (to record them and check them before the
     model is built) and build_model settles whatever it is given: switches settled once are
     settled for good, so the two agree and the rule has one home, VersionSpec.settle."""
-    for name in VERSIONS:
-        spec = load_spec(name)
-        asked = [{}] + [{s.name: not s.default} for s in spec.flags if not s.choices]
+    for name, preset in itertools.product(VERSIONS, ("medium", "large")):  # defaults of both vocabularies
+        spec, model = load_spec(name), PRESETS[preset].model
+        asked = [{}] + [{s.name: not s.default_for(model)} for s in spec.flags if not s.choices]
         for switches in asked:
-            settled = spec.settle(switches)
-            assert spec.settle(settled) == settled, (name, switches)
+            settled = spec.settle(switches, model)
+            assert spec.settle(settled, model) == settled, (name, preset, switches)
 
 
 def test_every_version_s_spec_matches_its_model():

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 from conftest import HAS_GPU, REPO, load_version, run_cli
 from harness import ModelConfig
+from harness.config import PRESETS
+from version3_triton.spec import LARGE_VOCABULARY
 
 pytest.importorskip("triton", reason="version 3 needs triton")
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -349,4 +351,22 @@ def test_the_switches_are_settled_in_one_place_and_recorded_as_run(flags, settle
                                  "fused_residual_norm", "fused_qkv_grad", "triton_swiglu"), True),
                 "rope_in_attention": False, "recompute_rope": False, "recompute_swiglu": False,
                 "recompute_norm": False, "fused_linear_ce": False}
-    assert v3.SPEC.options(args) == {**defaults, **settled}
+    assert v3.SPEC.options(args, PRESETS["medium"].model) == {**defaults, **settled}
+
+
+@pytest.mark.parametrize("preset, flags, on", [
+    ("medium", [], False), ("large", [], True),  # 1,000 words: nothing to save; 32k: it pays
+    ("medium", ["--fused-linear-ce"], True), ("large", ["--no-fused-linear-ce"], False),
+    ("large", ["--no-fused-residual-norm"], False),  # its needs still settle it off
+])
+def test_the_fused_loss_is_on_by_default_where_the_vocabulary_is_large(preset, flags, on):
+    """--fused-linear-ce's default is a function of the model: on from LARGE_VOCABULARY
+    words, which the help says; a flag given either way wins; without a model to ask,
+    settling refuses rather than guess."""
+    from training import cli
+    v3 = load_version("v3")
+    parser = cli.build_parser("v3", "", v3.SPEC.add_arguments)
+    assert v3.SPEC.options(parser.parse_args(flags), PRESETS[preset].model)["fused_linear_ce"] is on
+    assert f"{LARGE_VOCABULARY:,} words" in " ".join(parser.format_help().split())
+    with pytest.raises(TypeError, match="depends on the model"):
+        v3.SPEC.settle({})

@@ -114,7 +114,8 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "sequence, and the logits (batch x seq x 32k) are the largest activation. Fusions of "
             "memory-bound work buy less here than at the medium size; attention's kernels and the "
             "output layer are where the time and the memory are.", "",
-            "V3's memory switches at this size, each on its own and all four together, against V4 at "
+            "V3's memory switches at this size (the fused loss, on by default at a 32k vocabulary, "
+            "switched off; each recomputation on its own and all three together), against V4 at "
             "its best and the memory model's prediction (`bash benchmarks/reproduce.sh switches`):", "",
             block("v3-memory-switches"), ""]
 

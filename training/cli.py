@@ -285,7 +285,9 @@ def main(version, build_model, *, description: str = "", add_arguments=None,
         parser = build_parser(version, description, add_arguments, default_optimizer)
         args = parser.parse_args(argv)
         settings = settings_from_args(version, args, argv, interpreted=interpreted)
-        settings.options = dict(model_options(args)) if model_options else {}
+        # a spec settles its switches for the model (a default may depend on its size)
+        settings.options = (spec.options(args, settings.model) if spec is not None
+                            else dict(model_options(args)) if model_options else {})
         if preflight is not None:
             from .trainer import Preflight  # late import keeps --help fast
             chosen = preflight(args, Preflight(settings))

@@ -97,7 +97,7 @@ def cpu_memory(settings: RunSettings, precision: str) -> tuple[float, int | None
     from analysis_tools import memory  # only a CPU run asks, and the model imports pandas
 
     impl = memory.implementation_for(settings.version, settings.options,
-                                     {"optimizer": settings.optimizer}, "cpu")
+                                     {"optimizer": settings.optimizer}, "cpu", settings.model)
     step = memory.predict(settings.model, settings.batch_size, settings.seq_len, precision, impl,
                           settings.grad_checkpoint, settings.grad_accum, "cpu").peak_bytes
     return _machine_bytes(step), measure.available_bytes()

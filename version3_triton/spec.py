@@ -4,6 +4,16 @@ from harness.spec import Switch, VersionSpec
 from version2_fused.spec import FUSIONS
 
 FALLS_BACK = "falls back to V2's version"
+# From this many words on, the logits (rows x vocabulary, and their fp32 gradient) are the
+# step's largest tensors and the fused loss pays in time and memory: the large preset's 32k
+# does, the medium preset's 1,000 has nothing to save (V3's README, both tables).
+LARGE_VOCABULARY = 8192
+
+
+def large_vocabulary(model) -> bool:
+    return model.vocab_size >= LARGE_VOCABULARY
+
+
 KERNELS = (
     # the Triton norm saves only its input on every device (V2's F.rms_norm, GPUs only, its
     # input and 1/rms): its backward recomputes 1/rms from the input it loads anyway
@@ -46,8 +56,10 @@ KERNELS = (
            memory={True: {"norm_recompute": True}}),
     # the loss in forward, a chunk of rows at a time: no whole logits, no fp32 copy of them
     Switch("fused_linear_ce", "the output layer and the loss computed together a chunk of rows "
-           "at a time (kernels/linear_cross_entropy.py): the whole logits never exist",
-           default=False, needs=("fused_residual_norm",), memory={True: {"loss": "chunked"}}),
+           "at a time (kernels/linear_cross_entropy.py): the whole logits never exist; on by "
+           f"default where the vocabulary has {LARGE_VOCABULARY:,} words or more",
+           default=large_vocabulary, needs=("fused_residual_norm",), memory={True: {"loss": "chunked"}},
+           off="computes the whole logits, then the loss"),
     # launch configurations forced through the environment: recorded, they change nothing
     Switch("kernel_configs", "forced launch configurations", default=None, flag=False, memory={}),
 )

@@ -266,7 +266,7 @@ def build_model(config: ModelConfig, kernel_configs: dict | None = None, **switc
     defaults and a switch whose needs are off is off (SPEC.settle: what the command line
     passes is settled already, and settling it again changes nothing). kernel_configs is
     only recorded (forced launch configurations); it changes nothing."""
-    fusions, use = split_switches(SPEC.settle(switches))
+    fusions, use = split_switches(SPEC.settle(switches, config))
     any_kernel = use.any_kernel
     if any_kernel:
         require_triton()
