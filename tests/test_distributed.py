@@ -624,17 +624,34 @@ def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device
 
 def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
     from harness.master_weights import split_master_weights
-    from training.sharded_optimizer import flatten_parameters
+    from training.sharded_optimizer import CHUNKS, flatten_parameters
 
     model = ScaledTwoLayers()
     split_master_weights(model)
     before = [p.detach().clone() for p in model.parameters()]
     flat, low = flatten_parameters(model, torch.bfloat16, world_size=3)
-    assert flat.numel() % 3 == 0 and flat.numel() - sum(p.numel() for p in low) < 3
+    assert flat.numel() % (3 * CHUNKS) == 0 and flat.numel() - sum(p.numel() for p in low) < 3 * CHUNKS
     assert len(low) == 4 and all(p.dtype == torch.bfloat16 for p in low)  # two weights, two biases
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
     flat.zero_()
     assert all(not p.any() for p in low) and model.scale.any()  # views; the fp32 one untouched
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_each_piece_of_the_flat_buffer_has_one_owner(world):
+    """The update runs piece by piece (training/sharded_optimizer.py): every rank owns a slice
+    of every piece, and every element of the buffer is updated by exactly one rank."""
+    from training.sharded_optimizer import CHUNKS, owned_slices
+
+    numel = 5 * world * CHUNKS
+    owners = torch.zeros(numel, dtype=torch.int64)
+    for rank in range(world):
+        mine = owned_slices(numel, world, CHUNKS, rank)
+        assert len(mine) == CHUNKS and sum(s.stop - s.start for s in mine) == numel // world
+        for k, s in enumerate(mine):  # inside piece k
+            assert k * numel // CHUNKS <= s.start < s.stop <= (k + 1) * numel // CHUNKS
+            owners[s] += 1
+    assert owners.eq(1).all()
 
 
 @pytest.mark.parametrize("changes, fragment", [

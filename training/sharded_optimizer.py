@@ -13,15 +13,18 @@ bytes can carry a cheaper step:
   3. all-gather the updated weights: every rank holds the whole model again.
 
 The same bytes as DDP's all-reduce, 1/N of the optimizer's work and memory. What it gives
-up is DDP's overlap: the gradients move after the backward, not beside it. Where overlap
-hides little (the scaling table in docs/MULTI_GPU.md: `+ms vs 1 GPU` against `comm ms
-alone`), that costs little. Under torch.compile the model also stays one graph, as on one
+up is DDP's overlap with the backward: the gradients move after it, not beside it. Where
+that overlap hides little (the scaling table in docs/MULTI_GPU.md: `+ms vs 1 GPU` against
+`comm ms alone`), that costs little, and the step wins a different overlap back: the flat
+buffer is cut into CHUNKS pieces, each with a slice per rank, and the update of one piece
+runs on the GPU's compute stream while NCCL's stream reduce-scatters the next piece and
+all-gathers the one before. Under torch.compile the model also stays one graph, as on one
 GPU: no DDP buckets to cut it into pieces.
 
 The weights live in one flat buffer that the parameters are views of, so the update and
 the all-gather write the model in place; the gradients are copied into a second flat buffer
 for the reduce-scatter. With --optimizer master the flat buffer holds the bf16 weights and
-each rank keeps the fp32 masters of its slice only; the fp32 parameters outside nn.Linear
+each rank keeps the fp32 masters of its slices only; the fp32 parameters outside nn.Linear
 (embeddings, norms: their own masters, a small part of the model) are all-reduced and
 updated on every rank, as before. The maths is that of DDP with the same optimizer: the
 gradients are divided by N and summed, then the same AdamW update
@@ -36,13 +39,28 @@ import torch
 from harness import master_weights
 
 
+# Pieces the flat buffer is updated in, each while the collectives of its neighbours run:
+# enough for the update to hide under the communication, few enough that each collective
+# stays large (tens of MiB at the medium size) and each piece one launch of the update.
+CHUNKS = 4
+
+
+def owned_slices(numel: int, world_size: int, chunks: int, rank: int) -> list[slice]:
+    """Rank `rank`'s slice of each of `chunks` equal pieces of a flat buffer of `numel`
+    elements (a multiple of world_size x chunks): the part of each piece it updates."""
+    piece = numel // chunks
+    share = piece // world_size
+    return [slice(k * piece + rank * share, k * piece + (rank + 1) * share) for k in range(chunks)]
+
+
 def flatten_parameters(model: torch.nn.Module, dtype: torch.dtype, world_size: int = 1):
     """Make every `dtype` parameter a view of one flat buffer, padded to a multiple of
-    world_size: (buffer, its parameters in order). Call before torch.compile: compiled code
-    and CUDA graphs read the parameters at the addresses they have then."""
+    world_size x CHUNKS: (buffer, its parameters in order). Call before torch.compile:
+    compiled code and CUDA graphs read the parameters at the addresses they have then."""
     params = [p for p in model.parameters() if p.requires_grad and p.dtype == dtype]
     total = sum(p.numel() for p in params)
-    flat = torch.zeros(math.ceil(total / world_size) * world_size, dtype=dtype,
+    multiple = world_size * CHUNKS
+    flat = torch.zeros(math.ceil(total / multiple) * multiple, dtype=dtype,
                        device=params[0].device if params else None)
     offset = 0
     for p in params:
@@ -55,13 +73,13 @@ def flatten_parameters(model: torch.nn.Module, dtype: torch.dtype, world_size: i
 
 class ShardedAdamW(torch.optim.Optimizer):
     """AdamW (harness.master_weights.adamw_step, torch.optim.AdamW's formula) on this rank's
-    slice of the flat weights, between a reduce-scatter of the gradients and an all-gather
-    of the weights. `flat` and `flat_params` are flatten_parameters'. `masters`: with
-    --optimizer master, split_master_weights' {bf16 parameter: its fp32 master}, of which
-    only this rank's slice is kept; None when the flat weights are fp32 and their own
-    masters. `dist` is torch.distributed with its process group initialised, or None for
-    one process: one shard, the whole model, and nothing to send (the 1-GPU baseline of the
-    sharded runs, the same update code)."""
+    slices of the flat weights, between a reduce-scatter of the gradients and an all-gather
+    of the weights, piece by piece. `flat` and `flat_params` are flatten_parameters'.
+    `masters`: with --optimizer master, split_master_weights' {bf16 parameter: its fp32
+    master}, of which only this rank's slices are kept; None when the flat weights are fp32
+    and their own masters. `dist` is torch.distributed with its process group initialised,
+    or None for one process: one piece, the whole model, and nothing to send (the 1-GPU
+    baseline of the sharded runs, the same update code)."""
 
     def __init__(self, params, flat: torch.Tensor, flat_params: list, masters: dict | None, dist,
                  lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
@@ -69,51 +87,91 @@ class ShardedAdamW(torch.optim.Optimizer):
         self.dist, self.flat_params = dist, flat_params
         self.used = sum(p.numel() for p in flat_params)  # the flat buffer past it is padding
         self.world, rank = (dist.get_world_size(), dist.get_rank()) if dist else (1, 0)
+        # with nothing to send there is nothing to overlap: one piece, one update launch
+        self.chunks = CHUNKS if dist else 1
+        # NCCL averages as it reduces; gloo (the CPU tests) sums what was divided first
+        self.average = dist is not None and dist.get_backend() == "nccl"
         flat_ids = {id(p) for p in flat_params}
         # the fp32 parameters beside bf16 flat weights: updated whole on every rank
         self.others = [p for group in self.param_groups for p in group["params"]
                        if p.requires_grad and id(p) not in flat_ids]
-        shard = flat.numel() // self.world
-        mine = slice(rank * shard, (rank + 1) * shard)
-        self.weights, self.weight_shard = flat, flat[mine]  # a view: the update writes the model
+        mine = owned_slices(flat.numel(), self.world, self.chunks, rank)
+        share = mine[0].stop - mine[0].start
+        self.weight_chunks = list(flat.chunk(self.chunks))  # what each all-gather fills
+        self.weight_pieces = [flat[s] for s in mine]  # views: the update writes the model
         self.grads = torch.zeros_like(flat)
-        self.grad_shard = torch.empty_like(self.weight_shard) if dist else self.grads
-        if masters is None:  # fp32 weights: the shard is its own master
-            self.master_shard, self.copies = self.weight_shard, []
+        self.grad_pieces = list(self.grads.chunk(self.chunks))
+        self.grad_shards = (list(torch.empty(self.chunks * share, dtype=flat.dtype, device=flat.device)
+                                 .split(share)) if dist else self.grad_pieces)
+        if masters is None:  # fp32 weights: each slice is its own master
+            self.master_shards, self.copies = self.weight_pieces, [[] for _ in mine]
         else:
             fp32 = torch.cat([masters[p].flatten() for p in flat_params] +
                              [flat.new_zeros(flat.numel() - self.used, dtype=torch.float32)])
-            self.master_shard, self.copies = fp32[mine].clone(), [self.weight_shard]
+            self.master_shards = list(torch.cat([fp32[s] for s in mine]).split(share))
+            self.copies = [[w] for w in self.weight_pieces]
             del fp32
-            for p in flat_params:  # the full fp32 copies go: this rank keeps its slice
+            for p in flat_params:  # the full fp32 copies go: this rank keeps its slices
                 masters.pop(p, None)
-        self.moments = [[torch.zeros_like(t) for t in [self.master_shard, *self.others]]
-                        for _ in range(2)]  # exp_avg, exp_avg_sq
-        self.step_count = torch.zeros(1, dtype=torch.float32, device=flat.device)
+        # exp_avg, exp_avg_sq: one buffer each for this rank's slices, and the others'
+        self.moments = [list(torch.zeros(self.chunks * share, device=flat.device).split(share))
+                        for _ in range(2)]
+        self.other_moments = [[torch.zeros_like(p, dtype=torch.float32) for p in self.others]
+                              for _ in range(2)]
+        # adamw_step advances the step count it is given: one counter per update call, so
+        # each advances once a step and all of them agree
+        self.step_counts = [torch.zeros(1, dtype=torch.float32, device=flat.device)
+                            for _ in range(self.chunks + 1)]
         self._update = (master_weights.compiled_or_eager(master_weights.adamw_step) if flat.is_cuda
                         else master_weights.adamw_step)  # as MasterWeightAdamW runs it
+
+    def _adamw(self, masters, grads, moments, copies, step_count):
+        group = self.param_groups[0]
+        beta1, beta2 = group["betas"]
+        self._update(masters, grads, *moments, copies, step_count, lr=group["lr"], beta1=beta1,
+                     beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+
+    def _op(self):
+        return self.dist.ReduceOp.AVG if self.average else self.dist.ReduceOp.SUM
+
+    def _reduce_scatter(self, k):
+        return self.dist.reduce_scatter_tensor(self.grad_shards[k], self.grad_pieces[k], op=self._op(),
+                                               async_op=True)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        # 1. this rank's slice of the averaged gradients: divided by N first, as DDP does
         torch.cat([p.grad.flatten() for p in self.flat_params], out=self.grads[:self.used])
-        if self.dist is not None:
-            self.grads.div_(self.world)
-            self.dist.reduce_scatter_tensor(self.grad_shard, self.grads)
-        if self.others and self.dist is not None:  # their gradients, averaged whole on every rank
-            small = torch.cat([p.grad.flatten() for p in self.others]).div_(self.world)
-            self.dist.all_reduce(small)
-            for p, averaged in zip(self.others, small.split([p.numel() for p in self.others])):
-                p.grad.copy_(averaged.view_as(p.grad))
-        # 2. AdamW on this rank's slice (and the others), refreshing its slice of the weights
-        group = self.param_groups[0]
-        beta1, beta2 = group["betas"]
-        self._update([self.master_shard, *self.others], [self.grad_shard, *(p.grad for p in self.others)],
-                     *self.moments, self.copies, self.step_count,
-                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                     weight_decay=group["weight_decay"])
-        # 3. every rank's updated slice to every rank: the whole model, in place
-        if self.dist is not None:
-            self.dist.all_gather_into_tensor(self.weights, self.weight_shard)
+        small = torch.cat([p.grad.flatten() for p in self.others]) if self.others else None
+        if self.dist is None:  # one process: the whole model, one update
+            scattered, averaged = [None], None
+        else:
+            if not self.average:  # divided by N first, as DDP does
+                self.grads.div_(self.world)
+                small = small.div_(self.world) if small is not None else None
+            # the others' small all-reduce first: its update then runs beside the last gathers
+            averaged = self.dist.all_reduce(small, op=self._op(), async_op=True) if small is not None else None
+            # NCCL runs its collectives in the order they are issued: reduce-scatter k + 1
+            # goes ahead of all-gather k, so NCCL has work while piece k is updated
+            scattered = [self._reduce_scatter(k) for k in range(min(2, self.chunks))]
+        gathered = []
+        for k in range(self.chunks):
+            if scattered[k] is not None:
+                scattered[k].wait()  # on NCCL the compute stream waits, not the host
+            self._adamw([self.master_shards[k]], [self.grad_shards[k]],
+                        [[m[k]] for m in self.moments], self.copies[k], self.step_counts[k])
+            if self.dist is not None:  # every rank's updated slice of piece k to every rank
+                gathered.append(self.dist.all_gather_into_tensor(
+                    self.weight_chunks[k], self.weight_pieces[k], async_op=True))
+                if k + 2 < self.chunks:
+                    scattered.append(self._reduce_scatter(k + 2))
+        if self.others:  # the fp32 parameters beside: averaged whole on every rank, then updated
+            if averaged is not None:
+                averaged.wait()
+                for p, g in zip(self.others, small.split([p.numel() for p in self.others])):
+                    p.grad.copy_(g.view_as(p.grad))
+            self._adamw(self.others, [p.grad for p in self.others], self.other_moments, [],
+                        self.step_counts[-1])
+        for work in gathered:
+            work.wait()
         return loss
