@@ -151,7 +151,15 @@ def _scaling() -> list[Row]:
     # bytes as a reduce-scatter and an all-gather after the backward buy 1/N of the optimizer
     # (and, compiled without graphs, one graph instead of a piece per bucket). Its baseline
     # runs the same flat AdamW update on one GPU, so the efficiency is the sharding's alone.
-    for mode, (words, flags) in SCALING_MODES.items():
+    # Compiled with master weights but no graphs, beside DDP in the same mode: the bf16
+    # gradients of the best mode with the host launching every kernel, which tells apart
+    # what the sharding's gain at its best owes to each.
+    master = ("--compile", "--optimizer", "master")
+    rows += [Row("scaling", "v4_compile_master_1gpu", "scaling", "V4 compiled + master weights, 1 GPU", "v4",
+                 (*BF16, *master), env=("OMP_NUM_THREADS=1",)),
+             Row("scaling", "v4_compile_master_ddp2", "scaling", "V4 compiled + master weights, DDP x2", "v4",
+                 (*BF16, *master), gpus=2, baseline="v4_compile_master_1gpu")]
+    for mode, (words, flags) in {**SCALING_MODES, "compile_master": ("compiled + master weights", master)}.items():
         sharded = (*BF16, *flags, "--shard-optimizer")
         one = f"v4_{mode}_1gpu_shard_optimizer"
         rows.append(Row("scaling", one, "scaling", f"V4 {words}, 1 GPU, `--shard-optimizer`", "v4",
