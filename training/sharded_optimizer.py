@@ -27,8 +27,8 @@ for the reduce-scatter. With --optimizer master the flat buffer holds the bf16 w
 each rank keeps the fp32 masters of its slices only; the fp32 parameters outside nn.Linear
 (embeddings, norms: their own masters, a small part of the model) are all-reduced and
 updated on every rank, as before. The maths is that of DDP with the same optimizer: the
-gradients are divided by N and summed, then the same AdamW update
-(tests/test_distributed.py compares the two).
+gradients are averaged over the ranks (NCCL averages as it reduces; gloo divides by N and
+sums, as DDP does), then the same AdamW update (tests/test_distributed.py compares the two).
 """
 from __future__ import annotations
 
