@@ -370,3 +370,15 @@ def test_the_fused_loss_is_on_by_default_where_the_vocabulary_is_large(preset, f
     assert f"{LARGE_VOCABULARY:,} words" in " ".join(parser.format_help().split())
     with pytest.raises(TypeError, match="depends on the model"):
         v3.SPEC.settle({})
+
+
+@pytest.mark.parametrize("vocab, on", [(LARGE_VOCABULARY, True), (LARGE_VOCABULARY - 1, False)])
+def test_the_command_line_settles_the_fused_loss_for_the_model_it_builds(monkeypatch, tmp_path, vocab, on):
+    """V3's command line asks the model it will build (preset and overrides) for the fused
+    loss's default, and hands the settled switches to the run (not started here)."""
+    from training import trainer
+    seen = {}
+    monkeypatch.setattr(trainer, "run", lambda settings, *a: seen.update(settings.options))
+    argv = ["--preset", "tiny", "--vocab-size", str(vocab), "--device", "cpu", "--precision", "fp32",
+            "--output", str(tmp_path / "r.json")]
+    assert load_version("v3").main(argv) == 0 and seen["fused_linear_ce"] is on
