@@ -324,10 +324,9 @@ def predict(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
 
 
 def predict_for_result(result: dict) -> Prediction:
-    run, device = result["run"], result["device"]
-    impl = implementation_for(result["version"], result.get("options"), run, device["type"],
-                              model_config(result))
-    return predict(model_config(result), run["batch_size"], run["seq_len"], run["precision"],
+    run, device, cfg = result["run"], result["device"], model_config(result)
+    impl = implementation_for(result["version"], result.get("options"), run, device["type"], cfg)
+    return predict(cfg, run["batch_size"], run["seq_len"], run["precision"],
                    impl, run.get("grad_checkpoint", False), run.get("grad_accum", 1), device["type"])
 
 

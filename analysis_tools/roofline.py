@@ -123,9 +123,9 @@ def step_points(results: list[dict]) -> pd.DataFrame:
     """One point per run: whole-step model FLOPs / step time, at the step's intensity."""
     rows = []
     for label, r in zip(unique_labels(results), results):
-        run = r["run"]
-        impl = implementation_for(r["version"], r.get("options"), run, r["device"]["type"], model_config(r))
-        ops = training_ops(model_config(r), run["batch_size"], run["seq_len"], run["precision"],
+        run, cfg = r["run"], model_config(r)
+        impl = implementation_for(r["version"], r.get("options"), run, r["device"]["type"], cfg)
+        ops = training_ops(cfg, run["batch_size"], run["seq_len"], run["precision"],
                            impl.attention, impl.fused_qkv, impl.fused_gate_up)
         rows.append({"label": label, "intensity": r["flops"]["per_step"] / ops["bytes"].sum(),
                      "achieved_tflops": r["flops"]["achieved_tflops"]})

@@ -146,9 +146,14 @@ def _check_shard_optimizer(settings) -> None:
                          f"{settings.optimizer} (or use --optimizer master)")
     replaced = changed_flags(settings, DDP_KNOBS)
     if replaced:
-        raise UsageError(f"{', '.join(replaced)} configure{'s' if len(replaced) == 1 else ''} "
-                         f"DDP, which --shard-optimizer replaces: drop "
-                         f"{'it' if len(replaced) == 1 else 'them'}")
+        raise _unread_knobs(replaced, "DDP", "which --shard-optimizer replaces")
+
+
+def _unread_knobs(flags: list[str], wrapper: str, why: str) -> UsageError:
+    """The one line for knobs set for a wrapper this run does not use."""
+    one = len(flags) == 1
+    return UsageError(f"{', '.join(flags)} configure{'s' if one else ''} {wrapper}, {why}: "
+                      f"drop {'it' if one else 'them'}")
 
 
 def check_knobs(settings, under_torchrun: bool) -> None:
@@ -168,10 +173,8 @@ def check_knobs(settings, under_torchrun: bool) -> None:
         return
     wrong = ddp_set + changed_flags(settings, SHARD_KNOB) if settings.fsdp else fsdp_set
     if wrong:
-        raise UsageError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} "
-                         f"{'DDP' if settings.fsdp else 'FSDP2 (--fsdp)'}, but this run uses "
-                         f"{'FSDP2' if settings.fsdp else 'DDP'}: drop "
-                         f"{'it' if len(wrong) == 1 else 'them'}")
+        raise _unread_knobs(wrong, "DDP" if settings.fsdp else "FSDP2 (--fsdp)",
+                            f"but this run uses {'FSDP2' if settings.fsdp else 'DDP'}")
 
 
 def setup(settings):
@@ -472,8 +475,9 @@ def measure_communication(group, reps: int = 10) -> dict:
     slowest rank's mean, scaled by the number of buckets the model fills.
     DDP: one all-reduce of all gradients per step. FSDP2: two all-gathers of
     the weights (forward and backward) and one reduce-scatter of the gradients.
-    --shard-optimizer: one reduce-scatter of the flat bf16 gradients and one
-    all-gather of the weights, each timed at its full size.
+    --shard-optimizer: one reduce-scatter of the flat gradients and one
+    all-gather of the weights (the flat weights' dtype), each timed at its full
+    size (the step moves them in pieces).
     This is the cost if nothing overlapped; DDP runs it beside the backward, and
     what the step pays for it shows as (multi-GPU step - 1-GPU step):
     `python -m analysis_tools scaling` prints both.

@@ -98,18 +98,18 @@ class ShardedAdamW(torch.optim.Optimizer):
         mine = owned_slices(flat.numel(), self.world, self.chunks, rank)
         share = mine[0].stop - mine[0].start
         self.weight_chunks = list(flat.chunk(self.chunks))  # what each all-gather fills
-        self.weight_pieces = [flat[s] for s in mine]  # views: the update writes the model
+        self.weight_slices = [flat[s] for s in mine]  # views: the update writes the model
         self.grads = torch.zeros_like(flat)
-        self.grad_pieces = list(self.grads.chunk(self.chunks))
+        self.grad_chunks = list(self.grads.chunk(self.chunks))
         self.grad_shards = (list(torch.empty(self.chunks * share, dtype=flat.dtype, device=flat.device)
-                                 .split(share)) if dist else self.grad_pieces)
+                                 .split(share)) if dist else self.grad_chunks)
         if masters is None:  # fp32 weights: each slice is its own master
-            self.master_shards, self.copies = self.weight_pieces, [[] for _ in mine]
+            self.master_shards, self.copies = self.weight_slices, [[] for _ in mine]
         else:
             fp32 = torch.cat([masters[p].flatten() for p in flat_params] +
                              [flat.new_zeros(flat.numel() - self.used, dtype=torch.float32)])
             self.master_shards = list(torch.cat([fp32[s] for s in mine]).split(share))
-            self.copies = [[w] for w in self.weight_pieces]
+            self.copies = [[w] for w in self.weight_slices]
             del fp32
             for p in flat_params:  # the full fp32 copies go: this rank keeps its slices
                 masters.pop(p, None)
@@ -135,7 +135,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         return self.dist.ReduceOp.AVG if self.average else self.dist.ReduceOp.SUM
 
     def _reduce_scatter(self, k):
-        return self.dist.reduce_scatter_tensor(self.grad_shards[k], self.grad_pieces[k], op=self._op(),
+        return self.dist.reduce_scatter_tensor(self.grad_shards[k], self.grad_chunks[k], op=self._op(),
                                                async_op=True)
 
     @torch.no_grad()
@@ -148,7 +148,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         else:
             if not self.average:  # divided by N first, as DDP does
                 self.grads.div_(self.world)
-                small = small.div_(self.world) if small is not None else None
+                if small is not None:
+                    small.div_(self.world)
             # the others' small all-reduce first: its update then runs beside the last gathers
             averaged = self.dist.all_reduce(small, op=self._op(), async_op=True) if small is not None else None
             # NCCL runs its collectives in the order they are issued: reduce-scatter k + 1
@@ -162,7 +163,7 @@ class ShardedAdamW(torch.optim.Optimizer):
                         [[m[k]] for m in self.moments], self.copies[k], self.step_counts[k])
             if self.dist is not None:  # every rank's updated slice of piece k to every rank
                 gathered.append(self.dist.all_gather_into_tensor(
-                    self.weight_chunks[k], self.weight_pieces[k], async_op=True))
+                    self.weight_chunks[k], self.weight_slices[k], async_op=True))
                 if k + 2 < self.chunks:
                     scattered.append(self._reduce_scatter(k + 2))
         if self.others:  # the fp32 parameters beside: averaged whole on every rank, then updated

@@ -15,8 +15,7 @@ from harness import flops, master_weights, measure, probes, results
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import NonFiniteLoss, OutOfMemory, UsageError
 from harness.precision import autocast_for, choose_precision, configure_matmul_precision
-from harness.training_step import (enable_grad_checkpointing, host_settings,
-                                   step_collect)
+from harness.training_step import enable_grad_checkpointing, host_settings, step_collect
 
 from . import parallel
 
