@@ -159,14 +159,18 @@ def _scaling() -> list[Row]:
                  (*BF16, *master), env=("OMP_NUM_THREADS=1",)),
              Row("scaling", "v4_compile_master_ddp2", "scaling", "V4 compiled + master weights, DDP x2", "v4",
                  (*BF16, *master), gpus=2, baseline="v4_compile_master_1gpu")]
-    for mode, (words, flags) in {**SCALING_MODES, "compile_master": ("compiled + master weights", master)}.items():
-        sharded = (*BF16, *flags, "--shard-optimizer")
-        one = f"v4_{mode}_1gpu_shard_optimizer"
-        rows.append(Row("scaling", one, "scaling", f"V4 {words}, 1 GPU, `--shard-optimizer`", "v4",
-                        sharded, env=("OMP_NUM_THREADS=1",)))
-        rows += [Row("scaling", f"v4_{mode}_ddp{n}_shard_optimizer", "scaling",
-                     f"V4 {words}, x{n}, `--shard-optimizer`", "v4", sharded, gpus=n, baseline=one)
-                 for n in (2, 4)]
+    # V4 sharded in each mode; the other versions at their best, the mode with master weights
+    v4_modes = {**SCALING_MODES, "compile_master": ("compiled + master weights", master)}
+    for version in ("v1", "v2", "v3", "v4"):
+        modes = v4_modes if version == "v4" else {"best": SCALING_MODES["best"]}
+        for mode, (words, flags) in modes.items():
+            sharded = (*BF16, *flags, "--shard-optimizer")
+            one = f"{version}_{mode}_1gpu_shard_optimizer"
+            rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU, `--shard-optimizer`",
+                            version, sharded, env=("OMP_NUM_THREADS=1",)))
+            rows += [Row("scaling", f"{version}_{mode}_ddp{n}_shard_optimizer", "scaling",
+                         f"{version.upper()} {words}, x{n}, `--shard-optimizer`", version, sharded, gpus=n,
+                         baseline=one) for n in (2, 4)]
     levers = {  # name: (label, flags), each on V4 compiled x2
         "ddp2_bucket25": ("DDP x2, `--ddp-bucket-mb 25`", ("--ddp-bucket-mb", "25")),
         "ddp2_whole": ("DDP x2, `--compile-ddp whole`", ("--compile-ddp", "whole")),
