@@ -10,7 +10,8 @@
 #       OUT_DIR=results/ddp bash benchmarks/ddp_scaling.sh
 #
 #   variant     flags (only the multi-GPU runs get them; see docs/MULTI_GPU.md)
-#   base        none: DDP with 25 MB buckets, fp32 all-reduce
+#   base        none: DDP with 25 MB buckets, fp32 all-reduce (with --optimizer master in
+#               EXTRA_ARGS: the sharded optimizer, its default there)
 #   bucketN     --ddp-bucket-mb N             (bucket50, bucket100, bucket200, bucket1000 ...)
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)

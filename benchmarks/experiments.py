@@ -120,6 +120,12 @@ def _blocks() -> list[Row]:
 SCALING_MODES = {"compile": ("compiled", ("--compile",)), "best": ("graphs + master weights", GRAPHS)}
 
 
+def _ddp(flags: tuple) -> tuple:
+    """A DDP row's flags. With master weights, data parallelism shards the optimizer unless
+    told not to (training/parallel.py, sharded_by_default): their DDP rows are lever rows."""
+    return (*flags, "--no-shard-optimizer") if "master" in flags else flags
+
+
 def _scaling() -> list[Row]:
     """Every version in the two modes the workshop publishes, on 1, 2 and 4 GPUs (the
     medium preset's batch per GPU, so N GPUs do N times the work), FSDP2 beside DDP, the
@@ -135,18 +141,18 @@ def _scaling() -> list[Row]:
             rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU", version,
                             (*BF16, *flags), env=("OMP_NUM_THREADS=1",)))
             rows += [Row("scaling", f"{version}_{mode}_ddp{n}", "scaling",
-                         f"{version.upper()} {words}, DDP x{n}", version, (*BF16, *flags), gpus=n,
-                         baseline=one) for n in (2, 4)]
+                         f"{version.upper()} {words}, DDP x{n}", version, _ddp((*BF16, *flags)),
+                         gpus=n, baseline=one) for n in (2, 4)]
     rows += [Row("scaling", "v4_compile_fsdp2", "scaling", "V4 compiled, FSDP2 x2", "v4",
                  (*BF16, "--compile", "--fsdp"), gpus=2, baseline="v4_compile_1gpu"),
              Row("scaling", "v4_best_ddp2_normal_priority", "scaling",
                  "V4 graphs + master weights, DDP x2, `--comm-priority normal`", "v4",
-                 (*BF16, *GRAPHS, "--comm-priority", "normal"), gpus=2, baseline="v4_best_1gpu"),
+                 _ddp((*BF16, *GRAPHS, "--comm-priority", "normal")), gpus=2, baseline="v4_best_1gpu"),
              # the graphed rows' backward runs ~1.5 ms longer beside NCCL's kernels: with fewer
              # channels NCCL holds fewer SMs, and their bf16 all-reduce still fits in the backward
              Row("scaling", "v4_best_ddp2_nccl8", "scaling",
                  "V4 graphs + master weights, DDP x2, `NCCL_MAX_NCHANNELS=8`", "v4",
-                 (*BF16, *GRAPHS), gpus=2, baseline="v4_best_1gpu", env=("NCCL_MAX_NCHANNELS=8",))]
+                 _ddp((*BF16, *GRAPHS)), gpus=2, baseline="v4_best_1gpu", env=("NCCL_MAX_NCHANNELS=8",))]
     # the medium rows' all-reduce takes about what a step loses, overlap or not: the same
     # bytes as a reduce-scatter and an all-gather after the backward buy 1/N of the optimizer
     # (and, compiled without graphs, one graph instead of a piece per bucket). Its baseline
@@ -158,7 +164,7 @@ def _scaling() -> list[Row]:
     rows += [Row("scaling", "v4_compile_master_1gpu", "scaling", "V4 compiled + master weights, 1 GPU", "v4",
                  (*BF16, *master), env=("OMP_NUM_THREADS=1",)),
              Row("scaling", "v4_compile_master_ddp2", "scaling", "V4 compiled + master weights, DDP x2", "v4",
-                 (*BF16, *master), gpus=2, baseline="v4_compile_master_1gpu")]
+                 _ddp((*BF16, *master)), gpus=2, baseline="v4_compile_master_1gpu")]
     # V4 sharded in each mode; the other versions at their best, the mode with master weights
     v4_modes = {**SCALING_MODES, "compile_master": ("compiled + master weights", master)}
     for version in ("v1", "v2", "v3", "v4"):
@@ -199,7 +205,7 @@ def _scaling() -> list[Row]:
         rows += [Row("scaling", f"v4_{mode}_1gpu_profiled", "scaling-overlap", f"V4 {words}, 1 GPU",
                      "v4", profiled, env=("OMP_NUM_THREADS=1",)),
                  Row("scaling", f"v4_{mode}_ddp2_profiled", "scaling-overlap", f"V4 {words}, DDP x2",
-                     "v4", profiled, gpus=2, baseline=f"v4_{mode}_1gpu_profiled")]
+                     "v4", _ddp(profiled), gpus=2, baseline=f"v4_{mode}_1gpu_profiled")]
     # and FSDP2's: how much of its gathering and scattering the step pays in full
     rows.append(Row("scaling", "v4_compile_fsdp2_profiled", "scaling-overlap", "V4 compiled, FSDP2 x2", "v4",
                     (*BF16, "--compile", "--fsdp", "--profile", "pytorch"), gpus=2, baseline="v4_compile_1gpu"))

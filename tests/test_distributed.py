@@ -307,6 +307,32 @@ def test_knob_flags_parse_and_bad_values_are_usage_errors():
             parse(*argv)
 
 
+def test_master_weights_under_torchrun_shard_the_optimizer_unless_ddp_is_asked_for(monkeypatch):
+    """The sharded optimizer scales better than DDP with master weights (docs/MULTI_GPU.md):
+    it is their default over several processes, and only theirs."""
+    from training.cli import build_parser, settings_from_args
+
+    def sharded(*argv):
+        args = build_parser("v1", "").parse_args(list(argv))
+        return settings_from_args("v1", args, list(argv)).shard_optimizer
+    master = ("--optimizer", "master")
+    for k in TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    assert not sharded(*master)  # one process: nothing to shard over
+    assert sharded(*master, "--shard-optimizer")  # asked for: the 1-GPU baseline of a sharded row
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                       "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    assert sharded(*master) and not sharded() and not sharded("--optimizer", "fused")
+    assert not sharded(*master, "--no-shard-optimizer")
+    # what it does not do: DDP's knobs and FSDP2 get the wrapper they configure, fp16 DDP
+    for asked in (("--ddp-bucket-mb", "50"), ("--ddp-static-graph",), ("--fsdp",),
+                  ("--precision", "fp16")):
+        assert not sharded(*master, *asked), asked
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not sharded(*master)
+
+
 def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
     for k in TORCHRUN_VARS:
         monkeypatch.delenv(k, raising=False)
@@ -677,7 +703,7 @@ def test_master_weights_under_ddp_match_one_process(tmp_path, shard):
     """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows, under
     DDP and with the optimizer sharded (each rank updating half of the flat bf16 weights)."""
     flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1",
-             *(["--shard-optimizer"] if shard else [])]
+             "--shard-optimizer" if shard else "--no-shard-optimizer"]
     v4 = Path(load_version("v4").__file__).relative_to(REPO)
     single = tmp_path / "single.json"
     proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, load_version, run_cli
 
 V1 = REPO / "version1_baseline" / "tiny_llama_v1.py"
 V3 = REPO / "version3_triton" / "tiny_llama_v3.py"
@@ -197,8 +197,8 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
     from training import cli
     from version2_fused import tiny_llama_v2 as v2
 
-    def name(*argv, version="v2"):
-        parser = cli.build_parser(version, "", v2.SPEC.add_arguments)
+    def name(*argv, version="v2", spec=v2.SPEC):
+        parser = cli.build_parser(version, "", spec.add_arguments)
         args = parser.parse_args(list(argv))
         settings = cli.settings_from_args(version, args, list(argv))
         return Path(cli.default_output(settings, parser, args))
@@ -208,6 +208,8 @@ def test_default_result_names_hold_the_switches_and_profiled_runs_go_to_their_fo
     assert name("--compile", "--compile-mode", "reduce-overhead").name == \
         "v2_tiny_compile_compile-mode-reduce-overhead.json"
     assert name("--num-steps", "7", "--quiet").name == "v2_tiny.json"  # run control: same run
+    v3 = load_version("v3")  # a switch that is off by default, named as switched on
+    assert name("--recompute-rope", version="v3", spec=v3.SPEC).name == "v3_tiny_recompute-rope.json"
     profiled = name("--profile", "pytorch")
     assert profiled.parts[-4:] == ("profiles", "v2", "pytorch", "results.json")
 
@@ -226,6 +228,11 @@ def test_a_data_parallel_run_never_replaces_the_single_process_result(monkeypatc
         monkeypatch.setenv(key, value)
     assert name() == "v1_tiny_ddp2.json"
     assert name("--fsdp") == "v1_tiny_fsdp2.json"
+    # the sharded optimizer: by default with master weights (unnamed), or asked for either way
+    assert name("--optimizer", "master") == "v1_tiny_optimizer-master_ddp2.json"
+    assert name("--shard-optimizer") == "v1_tiny_shard-optimizer_ddp2.json"
+    assert name("--optimizer", "master", "--no-shard-optimizer") == \
+        "v1_tiny_optimizer-master_no-shard-optimizer_ddp2.json"
 
 
 @pytest.mark.parametrize("output, needle", [

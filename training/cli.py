@@ -93,11 +93,14 @@ def build_parser(version: str, description: str, add_arguments=None,
                    help="DDP: the same parameters get gradients in the same order every step, "
                         "so DDP records the order once (static_graph=True) and skips its "
                         "per-step bookkeeping")
-    t.add_argument("--shard-optimizer", action="store_true",
+    t.add_argument("--shard-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="in place of DDP: reduce-scatter the gradients after backward, each "
                         "GPU updates its 1/N of the weights with AdamW state for that 1/N only "
                         "(with --optimizer master: of the fp32 masters), all-gather the weights "
-                        "(ZeRO stage 1); not with --optimizer foreach/fused")
+                        "(ZeRO stage 1); not with --optimizer foreach/fused. Default: on under "
+                        "torchrun with --optimizer master (where it scales better than DDP), "
+                        "unless DDP's knobs, --fsdp or fp16 are asked for; "
+                        "--no-shard-optimizer keeps DDP")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
@@ -189,7 +192,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         if not ok:
             raise UsageError(message)
 
-    return RunSettings(
+    settings = RunSettings(
         version=version, model=model, preset=preset_name if not overrides else None,
         batch_size=batch_size, seq_len=seq_len, num_steps=num_steps,
         warmup_steps=warmup_steps, learning_rate=args.learning_rate,
@@ -201,10 +204,15 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         log_every=args.log_every, profile=args.profile, profile_dir=args.profile_dir,
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
         compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
-        shard_optimizer=args.shard_optimizer,
+        shard_optimizer=bool(args.shard_optimizer),
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
         comm_priority=args.comm_priority, fsdp_param_dtype=args.fsdp_param_dtype,
         command=" ".join(["python", sys.argv[0], *argv]))
+    if args.shard_optimizer is None:  # its default depends on the launch and the optimizer
+        from .parallel import sharded_by_default
+
+        settings.shard_optimizer = sharded_by_default(settings)
+    return settings
 
 
 # Run-control flags that never change what a run measures: left out of result names.
@@ -241,7 +249,8 @@ def default_output(settings: RunSettings, parser: argparse.ArgumentParser,
         value = getattr(args, dest, None)
         if value is None or value == action.default:
             continue
-        flag = action.option_strings[-1].lstrip("-")
+        # the first long form: of --x/--no-x (BooleanOptionalAction), the one that says on
+        flag = next(o for o in action.option_strings if o.startswith("--")).lstrip("-")
         if value is True:
             parts.append(flag)
         elif value is False:

@@ -25,7 +25,8 @@ the trainer gets, and it talks to both through the same methods.
 Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
 --compile-ddp, --ddp-static-graph for DDP; --fsdp-reshard-after-forward and
 --fsdp-param-dtype for FSDP2; --comm-priority for both. --shard-optimizer
-(training/sharded_optimizer.py) replaces DDP with a sharded optimizer.
+(training/sharded_optimizer.py) replaces DDP with a sharded optimizer: the default with
+--optimizer master (sharded_by_default), --no-shard-optimizer keeps DDP.
 
 After training, each rank times the step's collectives alone
 (measure_communication, at the end of this file) and rank 0 records them with the results. The scaling
@@ -136,6 +137,16 @@ def launched_by_torchrun() -> bool:
 def changed_flags(settings, knobs: dict) -> list[str]:
     """The flags of `knobs` ({setting: flag}) set to other than their default."""
     return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
+
+
+def sharded_by_default(settings) -> bool:
+    """--shard-optimizer's default: on for data parallelism over several processes with master
+    weights (--optimizer master), where it scales better than DDP (docs/MULTI_GPU.md, the
+    scaling table); off where the run asks for what it does not do: DDP's knobs, FSDP2, fp16
+    loss scaling. --no-shard-optimizer keeps DDP."""
+    return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
+            and settings.optimizer == "master" and not settings.fsdp
+            and settings.precision != "fp16" and not changed_flags(settings, DDP_KNOBS))
 
 
 def _check_shard_optimizer(settings) -> None:
