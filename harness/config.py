@@ -224,7 +224,7 @@ class RunSettings:
     ddp_comm_hook: str = "none"
     compile_ddp: str = "split"
     ddp_static_graph: bool = False
-    shard_optimizer: bool = False
+    shard_optimizer: bool = False        # the command line picks it: training/parallel.py sharded_by_default
     fsdp_reshard_after_forward: bool = True
     fsdp_param_dtype: str = "fp32"
     comm_priority: str = "high"
