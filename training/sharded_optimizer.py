@@ -19,7 +19,9 @@ that overlap hides little (the scaling table in docs/MULTI_GPU.md: `+ms vs 1 GPU
 buffer is cut into CHUNKS pieces, each with a slice per rank, and the update of one piece
 runs on the GPU's compute stream while NCCL's stream reduce-scatters the next piece and
 all-gathers the one before. Under torch.compile the model also stays one graph, as on one
-GPU: no DDP buckets to cut it into pieces.
+GPU: no DDP buckets to cut it into pieces. With master weights that wins (every version's
+rows at its best in that table), so there it is the default (training/parallel.py,
+sharded_by_default).
 
 The weights live in one flat buffer that the parameters are views of, so the update and
 the all-gather write the model in place; the gradients are copied into a second flat buffer
