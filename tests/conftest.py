@@ -48,6 +48,13 @@ def load_version(version: str):
     return config.load_version(version)
 
 
+def as_if_under_torchrun(monkeypatch, world_size: int = 2) -> None:
+    """The variables torchrun sets in each process it starts (no process group is joined)."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": str(world_size), "MASTER_ADDR": "localhost",
+                       "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+
+
 def run_cli(args, cwd=REPO, env=None, timeout=300):
     """Run a command line as an attendee would; returns CompletedProcess."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -17,7 +17,7 @@ import torch
 
 from analysis_tools import scaling
 from training.parallel import measure_communication
-from conftest import REPO, load_version, run_cli
+from conftest import REPO, as_if_under_torchrun, load_version, run_cli
 from harness import data
 from training import parallel
 from harness.errors import GradientFlowError, UsageError
@@ -320,16 +320,14 @@ def test_master_weights_under_torchrun_shard_the_optimizer_unless_ddp_is_asked_f
         monkeypatch.delenv(k, raising=False)
     assert not sharded(*master)  # one process: nothing to shard over
     assert sharded(*master, "--shard-optimizer")  # asked for: the 1-GPU baseline of a sharded row
-    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
-                       "MASTER_PORT": "29500"}.items():
-        monkeypatch.setenv(key, value)
+    as_if_under_torchrun(monkeypatch)
     assert sharded(*master) and not sharded() and not sharded("--optimizer", "fused")
     assert not sharded(*master, "--no-shard-optimizer")
     # what it does not do: DDP's knobs and FSDP2 get the wrapper they configure, fp16 DDP
     for asked in (("--ddp-bucket-mb", "50"), ("--ddp-static-graph",), ("--fsdp",),
                   ("--precision", "fp16")):
         assert not sharded(*master, *asked), asked
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    as_if_under_torchrun(monkeypatch, world_size=1)
     assert not sharded(*master)
 
 

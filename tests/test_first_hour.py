@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, load_version, run_cli
+from conftest import REPO, as_if_under_torchrun, load_version, run_cli
 
 V1 = REPO / "version1_baseline" / "tiny_llama_v1.py"
 V3 = REPO / "version3_triton" / "tiny_llama_v3.py"
@@ -109,7 +109,6 @@ def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_step(monkeypatch):
 def test_a_noisy_run_says_so_and_a_cpu_run_is_never_called_launch_bound(tmp_path, monkeypatch, capsys):
     """Step times spread 4x (a busy CPU): the summary line and the JSON say "noisy" with the
     spread. A CPU computes what it launches: a fast backward there is no launch-bound run."""
-    from conftest import load_version
     from training import cli, trainer
 
     def busy(clocks, grad_accum):
@@ -134,7 +133,6 @@ def test_a_cpu_run_predicted_not_to_fit_is_refused_before_its_model_exists(tmp_p
                                                                            capsys):
     """The memory model (analysis_tools.memory) against the machine's available memory:
     exit 3 in one line, where the kernel would kill the run mid-step (exit 137)."""
-    from conftest import load_version
     from training import cli, trainer
 
     monkeypatch.setattr(trainer.measure, "available_bytes", lambda: 8 * 2**30)  # a 8 GiB laptop
@@ -157,7 +155,6 @@ def test_a_cpu_run_predicted_not_to_fit_is_refused_before_its_model_exists(tmp_p
 def test_a_long_first_step_is_announced_and_its_line_estimates_the_run(monkeypatch, capsys):
     """A GPU-sized step on a CPU takes minutes: a line says it is running, and its own line
     gives the time left at the measured pace instead of waiting for step 2."""
-    from conftest import load_version
     from training import cli, trainer
 
     class Clock:  # one measured step of 65 s
@@ -223,9 +220,7 @@ def test_a_data_parallel_run_never_replaces_the_single_process_result(monkeypatc
         return Path(cli.default_output(cli.settings_from_args("v1", args, list(argv)), parser, args)).name
 
     assert name() == "v1_tiny.json"
-    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
-                       "MASTER_PORT": "29500"}.items():  # what torchrun sets
-        monkeypatch.setenv(key, value)
+    as_if_under_torchrun(monkeypatch)
     assert name() == "v1_tiny_ddp2.json"
     assert name("--fsdp") == "v1_tiny_fsdp2.json"
     # the sharded optimizer: by default with master weights (unnamed), or asked for either way
@@ -243,7 +238,6 @@ def test_a_data_parallel_run_never_replaces_the_single_process_result(monkeypatc
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch, capsys,
                                                                     output, needle):
     """Found out only when the results are written, the whole run would be lost."""
-    from conftest import load_version
     from training import cli, trainer
 
     if output.startswith("/proc") and not Path("/proc").is_dir():
@@ -262,7 +256,6 @@ def test_v3_in_the_interpreter_leaves_a_nan_to_the_loops_one_line():
     """numpy, under Triton's interpreter, warns of each overflow; the loop's NaN line suffices."""
     import warnings
 
-    from conftest import load_version
 
     v3 = load_version("v3")
     with warnings.catch_warnings(record=True) as caught:
