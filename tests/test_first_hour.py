@@ -256,7 +256,6 @@ def test_v3_in_the_interpreter_leaves_a_nan_to_the_loops_one_line():
     """numpy, under Triton's interpreter, warns of each overflow; the loop's NaN line suffices."""
     import warnings
 
-
     v3 = load_version("v3")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
