@@ -200,7 +200,7 @@ def test_the_docs_show_the_gpu_counts_another_gpu_model_measured(tmp_path, monke
     for name in ("summary.json", "rows.json"):  # the quoted set as if its machines had 2 GPUs
         data = json.loads((pub / "h200" / name).read_text())
         rows = data["rows"] if name == "summary.json" else data
-        for key in [k for k in rows if k.startswith("scaling/") and k.endswith("_ddp4")]:
+        for key in [k for k in rows if k.startswith("scaling/") and "_ddp4" in k]:
             del rows[key]
         (pub / "h200" / name).write_text(json.dumps(data))
     work = tmp_path / "h100"
