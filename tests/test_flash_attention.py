@@ -9,7 +9,8 @@ import torch
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
 from version3_triton.kernels import common, configs  # noqa: E402
 from kernel_checks import (  # noqa: E402
-    ATTENTION_SHAPES, DEVICE, TOLERANCE, assert_matches, attention_inputs, attention_reference, forward_backward, pytorch_error)
+    ATTENTION_SHAPES, DEVICE, TOLERANCE, assert_matches, attention_inputs, attention_reference, forward_backward,
+    max_error, pytorch_error)
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
@@ -63,3 +64,102 @@ def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel, head_di
         configs.FORCED_CONFIGS[kernel] = dict(config)
         errors = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)
+
+
+# ---- the Hopper path (attention_hopper.py): Gluon kernels at head size 128 on sm_90 --------
+hopper = tk.attention_hopper
+
+
+def test_hopper_path_reads_the_models_layout_and_pytorchs():
+    """TMA reads a 2D view: a row per token (the model's q, k, v, slices of the QKV output)
+    or a row per head and position (contiguous); any other layout takes the portable path."""
+    B, H, H_kv, T, D = 2, 4, 2, 64, 128
+    qkv = torch.randn(B, T, H + 2 * H_kv, D)
+    q, v = qkv[:, :, :H].transpose(1, 2), qkv[:, :, H + H_kv:].transpose(1, 2)
+    assert hopper.by_token(q) is True and hopper.by_token(v) is True
+    assert hopper._rows(v) == ((B * T, H_kv * D), (H + 2 * H_kv) * D)
+    assert hopper.by_token(torch.randn(B, H, T, D)) is False
+    assert hopper._rows(torch.randn(B, H, T, D)) == ((B * H * T, D), D)
+    assert hopper.by_token(torch.randn(B, H, D, T).transpose(2, 3)) is None  # D not contiguous
+    assert hopper.by_token(torch.randn(B, T, H, 2 * D)[..., :D].transpose(1, 2)) is None
+    assert not hopper.supported(q, q, q)  # no GPU here, or not this one's tensors
+
+
+def test_hopper_kernels_that_do_not_build_hand_over_to_the_portable_ones(monkeypatch):
+    if not hopper.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("unsupported operation")
+            return launch
+
+    monkeypatch.setattr(hopper, "ENABLED", True)
+    monkeypatch.setattr(hopper, "_attn_fwd", Broken())
+    q = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
+    with pytest.warns(UserWarning, match="using the portable Triton kernels"):
+        assert hopper.forward(q, q, q, o, lse, 0.1) is False
+    assert hopper.ENABLED is False
+
+
+def _on_hopper(shape):
+    inputs, grad = attention_inputs(*shape)
+    if not hopper.supported(*(t.to(torch.bfloat16) for t in inputs)):
+        pytest.skip("the Hopper path runs on an sm_90 GPU with Gluon")
+    return inputs, grad
+
+
+def _by_token(t):
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["by head", "by token"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 128), (2, 8, 4, 192, 128), (1, 2, 1, 64, 128)],
+                         ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
+def test_gpu_hopper_kernels_error_within_2x_pytorch(shape, dtype, layout):
+    """The Gluon kernels ran (chosen_configs says so), their error at most ~2x PyTorch's
+    own in this dtype, in both layouts TMA reads, GQA included."""
+    inputs, grad = _on_hopper(shape)
+    arrange = _by_token if layout == "by token" else (lambda t: t)
+
+    def attention(q, k, v):
+        return tk.flash_attention(*(arrange(t) for t in (q, k, v)))
+
+    reference = forward_backward(attention_reference, inputs, grad, torch.float64)
+    ours = pytorch_error(attention, inputs, grad, dtype, reference)
+    assert all(how == hopper.HOW for how, _ in (common._LAST[name] for name in
+                                                 ("attn_fwd", "attn_bwd_dq", "attn_bwd_dkdv")))
+    theirs = pytorch_error(attention_reference, inputs, grad, dtype, reference)
+    for name, e_ours, e_theirs, ref in zip(["out", "dq", "dk", "dv"], ours, theirs, reference):
+        floor = 1e-3 * ref.abs().max().item()
+        assert e_ours <= 2 * e_theirs + floor, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_hopper_path_on_qkv_error_within_2x_the_portable_kernels():
+    """V3's default call: RoPE and attention on the QKV output, its gradient written in
+    place (dv into qkv's v slots, dO arriving in another layout than q's), with the Hopper
+    kernels and without, against PyTorch in fp64."""
+    import test_attention_rope as rope_checks
+    B, H, H_kv, T, D = 2, 8, 4, 256, 128
+    _on_hopper((B, H, H_kv, T, D))
+    qkv, grad, cos, sin = rope_checks.qkv_inputs(B, H, H_kv, T, D)
+
+    def run(fn, dtype):
+        return rope_checks.forward_backward(fn, qkv, grad, cos, sin, H, H_kv, dtype)
+
+    def whole(qkv, cos, sin, heads, kv_heads):
+        return tk.qkv_attention(qkv, cos, sin, heads)
+
+    reference = run(rope_checks.reference, torch.float64)
+    with hopper.portable():
+        portable = [max_error(a, b) for a, b in zip(run(whole, torch.bfloat16), reference)]
+    ours = [max_error(a, b) for a, b in zip(run(whole, torch.bfloat16), reference)]
+    assert common._LAST["attn_bwd_dkdv"][0] == hopper.HOW
+    for name, e_ours, e_portable, ref in zip(["out", "dq", "dk", "dv"], ours, portable, reference):
+        floor = 1e-3 * ref.abs().max().item()
+        assert e_ours <= 2 * e_portable + floor, f"{name}: {e_ours:.3g} vs {e_portable:.3g}"

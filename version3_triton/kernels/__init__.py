@@ -8,6 +8,8 @@
     flash_attention.py  causal flash attention: online softmax; its backward kernels
                         (recomputing, no T x T matrix) are flash_attention_backward.py,
                         the tiles and launch configs both share attention_tiles.py
+    attention_hopper.py the same attention for Hopper GPUs at head size 128, in Gluon
+                        (TMA, asynchronous warp-group MMAs): chosen where it pays
     attention_rope.py   RoPE on load (--rope-in-attention): the attention kernels handed
                         loads that rotate q and k, and stores that unrotate their gradients
     qkv_attention.py    RoPE + attention on the QKV GEMM's output, whose gradient the
@@ -33,6 +35,7 @@ kernels then run, slowly, in Triton's CPU interpreter (the tests do this).
 """
 from .common import (INTERPRET, chosen_configs, current_target,  # noqa: F401
                      eager_operators, triton_backend)
+from . import attention_hopper  # noqa: F401
 from .attention_tables import attention_warning  # noqa: F401
 from .configs import (FORCED_CONFIGS, KERNEL_NAMES, check_config, forced_config,  # noqa: F401
                       read_environment)

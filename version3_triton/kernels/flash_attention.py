@@ -18,7 +18,7 @@ import torch.utils.flop_counter
 import triton
 import triton.language as tl
 
-from . import common
+from . import attention_hopper, common
 from .attention_tiles import (_LOG2_E, FWD, TUNING_KEY, _check_inputs, _head_meta, _strides,
                               _tf32, load_qk, load_rows, store_rows)
 from .flash_attention_backward import _grads, attention_backward
@@ -162,6 +162,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if common.replay(plan, (q, k, v, o, lse)):
             return o, lse
     _check_inputs(q, k, v)
+    if attention_hopper.supported(q, k, v):  # Hopper at head size 128: the Gluon kernel
+        o, lse = _outputs(q)
+        if attention_hopper.forward(q, k, v, o, lse, sm_scale):
+            return o, lse
     return launch_forward(_attn_fwd_kernel, plan_key, q, k, v, sm_scale)
 
 
