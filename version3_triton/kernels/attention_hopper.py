@@ -123,6 +123,26 @@ if AVAILABLE:
         _tma_load(b_desc, [row, col], bar, b_smem.index(slot), pred=pred)
 
     @gluon.jit
+    def _query_block(n_heads, group):
+        """This program's query block (the longest rows first), (batch, head) row, batch,
+        head and k/v head."""
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        bh = gl.program_id(1)
+        b, h = bh // n_heads, bh % n_heads
+        return pid_m, bh, b, h, h // group
+
+    @gluon.jit
+    def _barriers(STAGES: gl.constexpr):
+        """An mbarrier for the tiles loaded once, and one per ring slot."""
+        once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ring = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(once, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ring.index(i), count=1)
+        fence_async_shared()
+        return once, ring
+
+    @gluon.jit
     def _row_col(b, h, n_heads, seq_len, BY_TOKEN: gl.constexpr, HEAD_D: gl.constexpr):
         if BY_TOKEN:
             return b * seq_len, h * HEAD_D
@@ -147,10 +167,7 @@ if AVAILABLE:
                   qk_scale, Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                   STAGES: gl.constexpr, num_warps: gl.constexpr):
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # the longest rows first
-        bh = gl.program_id(1)
-        b, h = bh // n_heads, bh % n_heads
-        kv_h = h // group
+        pid_m, bh, b, h, kv_h = _query_block(n_heads, group)
         dtype: gl.constexpr = q_desc.dtype
         # The score tile's layout is the one wgmma writes; P is fed back as its A operand
         mma: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [num_warps, 1], [16, BLOCK_N, 16])
@@ -161,12 +178,7 @@ if AVAILABLE:
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        q_bar, bars = _barriers(STAGES)
 
         kv_row, kv_col = _row_col(b, kv_h, n_heads // group, seq_len, KV_BY_TOKEN, HEAD_D)
         q_row, q_col = _row_col(b, h, n_heads, seq_len, Q_BY_TOKEN, HEAD_D)  # and dO's
@@ -225,10 +237,7 @@ if AVAILABLE:
                      Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                      num_warps: gl.constexpr):
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # the longest rows first
-        bh = gl.program_id(1)
-        b, h = bh // n_heads, bh % n_heads
-        kv_h = h // group
+        pid_m, bh, b, h, kv_h = _query_block(n_heads, group)
         dtype: gl.constexpr = q_desc.dtype
         s_mma: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [num_warps, 1], [16, BLOCK_N, 16])
         o_mma: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [num_warps, 1], [16, HEAD_D, 16])
@@ -239,12 +248,7 @@ if AVAILABLE:
         do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        q_bar, bars = _barriers(STAGES)
 
         kv_row, kv_col = _row_col(b, kv_h, n_heads // group, seq_len, KV_BY_TOKEN, HEAD_D)
         q_row, q_col = _row_col(b, h, n_heads, seq_len, Q_BY_TOKEN, HEAD_D)  # and dO's
@@ -317,12 +321,7 @@ if AVAILABLE:
         v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], v_desc.layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+        kv_bar, bars = _barriers(STAGES)
 
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         kv_row, kv_col = _row_col(b, kv_h, n_kv_heads, seq_len, KV_BY_TOKEN, HEAD_D)
