@@ -28,8 +28,9 @@ reports what the compiler produced - not estimates:
 
 The RMSNorm and RoPE rows use the medium preset's sizes (hidden 1024, 16 + 16 q/k
 heads); attention uses GROUP_SIZE 1 and is compiled both ways, plain and with RoPE
-on load (attention_rope.py's kernels; the rows marked "+rope"). Compiled kernels are cached
-by Triton (~/.triton/cache), so a second run takes seconds.
+on load (attention_rope.py's kernels; the rows marked "+rope"), and on sm_90 at head size
+128 also as the Hopper path's Gluon kernels (attention_hopper.py; "+hopper"). Compiled
+kernels are cached by Triton (~/.triton/cache), so a second run takes seconds.
 """
 from __future__ import annotations
 
@@ -149,7 +150,51 @@ def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
                             if kernel.startswith("attn"):
                                 job["rope"] = variant == "rope"
                             out.append(job)
+                    if kernel.startswith("attn") and hopper_path(name, dtype, width):
+                        out.append(dict(target=name, kernel=kernel, dtype=dtype, width=width,
+                                        config=hopper_config(kernel), rope=False, hopper=True))
     return out
+
+
+# ---- the Hopper path: attention_hopper.py's Gluon kernels (sm_90, head size 128) ----------
+HOPPER_KERNELS = {"attn_fwd": "_attn_fwd", "attn_bwd_dq": "_attn_bwd_dq",
+                  "attn_bwd_dkdv": "_attn_bwd_dkdv"}
+
+
+def hopper_path(target: str, dtype: str, width: int) -> bool:
+    from version3_triton.kernels import attention_hopper as hopper
+    return (hopper.AVAILABLE and target == "sm_90" and width == hopper.HEAD_DIM
+            and dtype in ("bf16", "fp16"))
+
+
+def hopper_config(kernel: str) -> dict:
+    from version3_triton.kernels import attention_hopper as hopper
+    return dict(BLOCK_M=hopper.BLOCK, BLOCK_N=hopper.BLOCK, num_warps=hopper.WARPS,
+                num_stages=hopper.FWD_STAGES if kernel == "attn_fwd" else hopper.BWD_STAGES)
+
+
+def hopper_source(job: dict):
+    """The Gluon kernel with its signature: TMA descriptors of (BLOCK, D) tiles, the model's
+    layout (a row per token), one query head per k/v head."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from version3_triton.kernels import attention_hopper as hopper
+    fn = getattr(hopper, HOPPER_KERNELS[job["kernel"]])
+    config, width, dtype = job["config"], job["width"], job["dtype"]
+    layout = gl.NVMMASharedLayout.get_default_for([config["BLOCK_M"], width],
+                                                  gl.bfloat16 if dtype == "bf16" else gl.float16)
+    constexprs = dict(Q_BY_TOKEN=True, KV_BY_TOKEN=True, BLOCK_M=config["BLOCK_M"],
+                      BLOCK_N=config["BLOCK_N"], HEAD_D=width, STAGES=config["num_stages"],
+                      num_warps=config["num_warps"], GROUP=1)
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
+    sig = {}
+    for name in fn.arg_names:
+        sig[name] = ("constexpr" if name in constexprs
+                     else f"tensordesc<{dtype}[{config['BLOCK_M']}, {width}],{layout!r}>"
+                     if name.endswith("_desc") else "*fp32" if name in FP32_POINTERS
+                     else f"*{dtype}" if name.isupper() else "fp32" if name.endswith("scale")
+                     else "i32")
+    return GluonASTSource(fn, sig, constexprs=constexprs)
 
 
 def constexprs_for(job: dict) -> dict:
@@ -231,9 +276,10 @@ def compile_one(job: dict) -> dict:
         options.setdefault("waves_per_eu", 0)
     row = dict(job, limit=target_of(job["target"]).shared_bytes)
     try:
-        src = ASTSource(fn=fn, signature=signature(fn, job["dtype"], constexprs,
-                                                   fp32_pointers(job["kernel"])),
-                        constexprs=constexprs)
+        src = (hopper_source(job) if job.get("hopper") else
+               ASTSource(fn=fn, signature=signature(fn, job["dtype"], constexprs,
+                                                    fp32_pointers(job["kernel"])),
+                         constexprs=constexprs))
         compiled = triton.compile(src, target=gpu_target(job["target"]), options=options)
         asm = compiled.asm.get("amdgcn") or compiled.asm.get("ptx") or ""
         row["shared"] = compiled.metadata.shared
@@ -253,11 +299,13 @@ def describe(config: dict) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'target':7s} {'kernel':18s} {'dt':4s} {'D':>4s} {'config':34s} {'LDS/limit KiB':>13s} "
+    print(f"{'target':7s} {'kernel':20s} {'dt':4s} {'D':>4s} {'config':34s} {'LDS/limit KiB':>13s} "
           f"{'regs':>5s} {'spill':>5s} {'waves':>5s}  matrix")
     for r in rows:
-        kernel = r["kernel"] + ("+rope" if r.get("rope") else "")
-        head = f"{r['target']:7s} {kernel:18s} {r['dtype']:4s} {r['width']:4d} {describe(r['config']):34s}"
+        kernel = r["kernel"] + ("+rope" if r.get("rope") else "+hopper" if r.get("hopper")
+                                else "")
+        head = (f"{r['target']:7s} {kernel:20s} {r['dtype']:4s} {r['width']:4d} "
+                f"{describe(r['config']):34s}")
         if "error" in r:
             print(f"{head} error: {r['error']}")
             continue

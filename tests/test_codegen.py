@@ -7,7 +7,8 @@ MI300X (gfx942), MI350 (gfx950), A100 (sm_80), H100/H200 (sm_90) - nothing the
 chooser can pick may spill registers (except where attention_tables.SPILLS_THAT_PAY says a
 spilling tile was measured faster) or exceed shared memory, and attention must run on
 the matrix units. `make test` runs the workshop's case (bf16, head size 64);
-the full table (fp16, head size 128, every target) is marked slow:
+the full table (fp16, head size 128 - with the Hopper path's Gluon kernels on sm_90 -, every
+target) is marked slow:
 
     python -m pytest tests/test_codegen.py -m slow
     python -m benchmarks.codegen            # the same table, printed
@@ -42,7 +43,7 @@ def check_tuned(table: dict) -> None:
         assert "error" not in r, f"{where}: {r['error']}"
         # NVIDIA architectures name their own configuration family ("sm_90")
         measured_faster = (r["target"], r["kernel"], r["width"]) in SPILLS_THAT_PAY
-        if r.get("rope") or not measured_faster:
+        if r.get("rope") or r.get("hopper") or not measured_faster:
             assert r["spills"] == 0, f"{where}: spills {r['spills']}"
         assert r["shared"] <= r["limit"], f"{where}: {r['shared']} bytes of shared memory"
         if r["kernel"].startswith("attn"):
