@@ -142,7 +142,7 @@ if AVAILABLE:
         fence_async_shared()
         return once, ring
 
-    @gluon.jit
+    @gluon.jit  # where head h's position 0 of batch b sits in by_token's 2D view
     def _row_col(b, h, n_heads, seq_len, BY_TOKEN: gl.constexpr, HEAD_D: gl.constexpr):
         if BY_TOKEN:
             return b * seq_len, h * HEAD_D
