@@ -77,9 +77,9 @@ def test_hopper_path_reads_the_models_layout_and_pytorchs():
     qkv = torch.randn(B, T, H + 2 * H_kv, D)
     q, v = qkv[:, :, :H].transpose(1, 2), qkv[:, :, H + H_kv:].transpose(1, 2)
     assert hopper.by_token(q) is True and hopper.by_token(v) is True
-    assert hopper._rows(v) == ((B * T, H_kv * D), (H + 2 * H_kv) * D)
+    assert hopper._rows(v, True) == ((B * T, H_kv * D), (H + 2 * H_kv) * D)
     assert hopper.by_token(torch.randn(B, H, T, D)) is False
-    assert hopper._rows(torch.randn(B, H, T, D)) == ((B * H * T, D), D)
+    assert hopper._rows(torch.randn(B, H, T, D), False) == ((B * H * T, D), D)
     assert hopper.by_token(torch.randn(B, H, D, T).transpose(2, 3)) is None  # D not contiguous
     assert hopper.by_token(torch.randn(B, T, H, 2 * D)[..., :D].transpose(1, 2)) is None
     assert not hopper.supported(q, q, q)  # no GPU here, or not this one's tensors
@@ -101,6 +101,14 @@ def test_hopper_kernels_that_do_not_build_hand_over_to_the_portable_ones(monkeyp
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
     with pytest.warns(UserWarning, match="using the portable Triton kernels"):
         assert hopper.forward(q, q, q, o, lse, 0.1) is False
+    assert hopper.ENABLED is False
+    # the backward's too, with dO in another layout than q's (copied before its descriptor)
+    monkeypatch.setattr(hopper, "ENABLED", True)
+    monkeypatch.setattr(hopper, "_attn_bwd_dq", Broken())
+    grad_o = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
+    with pytest.warns(UserWarning, match="using the portable Triton kernels"):
+        assert hopper.backward(grad_o, q, q, q, o, lse, 0.1, *(torch.empty_like(q),) * 3,
+                               torch.empty_like(lse)) is False
     assert hopper.ENABLED is False
 
 

@@ -84,12 +84,10 @@ def by_token(t: torch.Tensor):
     return None
 
 
-def _rows(t: torch.Tensor) -> tuple:
-    """The 2D view's shape and row stride (by_token)."""
+def _rows(t: torch.Tensor, token: bool) -> tuple:
+    """The 2D view's shape and row stride, t's layout being by_token(t)."""
     B, H, T, D = t.shape
-    if by_token(t):
-        return (B * T, H * D), t.stride(2)
-    return (B * H * T, D), D
+    return ((B * T, H * D), t.stride(2)) if token else ((B * H * T, D), D)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -385,9 +383,9 @@ if AVAILABLE:
 _LOG2_E = 1.4426950408889634
 
 
-def _descriptor(t: torch.Tensor, rows: int):
-    """A TMA descriptor over t's 2D view (by_token) that moves (rows, D) tiles."""
-    shape, stride = _rows(t)
+def _descriptor(t: torch.Tensor, token: bool, rows: int = BLOCK):
+    """A TMA descriptor over t's 2D view (token: by_token(t)) that moves (rows, D) tiles."""
+    shape, stride = _rows(t, token)
     dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([rows, t.shape[-1]], dtype)
     return TensorDescriptor(t, list(shape), [stride, 1], [rows, t.shape[-1]], layout)
@@ -405,11 +403,12 @@ def _fallback(err: Exception) -> None:
 def forward(q, k, v, o, lse, sm_scale: float) -> bool:
     """Write O (B, H, T, D) and LSE (B, H, T) fp32; False if the kernel did not build."""
     (B, H, T, D), group = q.shape, q.shape[1] // k.shape[1]
+    q_token, kv_token = by_token(q), by_token(k)  # (supported(): v's is k's)
+    descriptors = [_descriptor(t, tok) for t, tok in zip((q, k, v), (q_token, kv_token, kv_token))]
     try:
-        _attn_fwd[(T // BLOCK, B * H)](*(_descriptor(t, BLOCK) for t in (q, k, v)), o, lse,
-                                       *_bht(o), T, H, group, sm_scale * _LOG2_E, by_token(q),
-                                       by_token(k), BLOCK, BLOCK, D, FWD_STAGES,
-                                       num_warps=WARPS)
+        _attn_fwd[(T // BLOCK, B * H)](*descriptors, o, lse, *_bht(o), T, H, group,
+                                       sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
+                                       FWD_STAGES, num_warps=WARPS)
     except Exception as err:  # noqa: BLE001 - any build failure means: use the other kernels
         _fallback(err)
         return False
@@ -421,12 +420,14 @@ def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> boo
     """Write dq, dk, dv ((B, heads, T, D) tensors or views) and delta (lse's shape), the dQ
     kernel first: it stores delta for the dK/dV kernel. False if they did not build."""
     (B, H, T, D), H_kv = q.shape, k.shape[1]
-    if by_token(grad_o) != by_token(q):  # dO is read through Q's map: a copy in Q's layout
-        grad_o = (grad_o.transpose(1, 2).contiguous().transpose(1, 2) if by_token(q)
+    q_token, kv_token = by_token(q), by_token(k)
+    if by_token(grad_o) != q_token:  # dO is read through Q's map: a copy in Q's layout
+        grad_o = (grad_o.transpose(1, 2).contiguous().transpose(1, 2) if q_token
                   else grad_o.contiguous())
-    descriptors = [_descriptor(t, BLOCK) for t in (q, k, v, grad_o)]
-    shared = (T, H, H // H_kv, sm_scale, sm_scale * _LOG2_E, by_token(q), by_token(k), BLOCK,
-              BLOCK, D, BWD_STAGES)
+    descriptors = [_descriptor(t, tok) for t, tok in
+                   zip((q, k, v, grad_o), (q_token, kv_token, kv_token, q_token))]
+    shared = (T, H, H // H_kv, sm_scale, sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
+              BWD_STAGES)
     try:
         _attn_bwd_dq[(T // BLOCK, B * H)](*descriptors, o, lse, delta, dq, *_bht(o), *_bht(dq),
                                           *shared, num_warps=WARPS)
