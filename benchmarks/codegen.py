@@ -187,13 +187,9 @@ def hopper_source(job: dict):
                       BLOCK_N=config["BLOCK_N"], HEAD_D=width, STAGES=config["num_stages"],
                       num_warps=config["num_warps"], GROUP=1)
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
-    sig = {}
-    for name in fn.arg_names:
-        sig[name] = ("constexpr" if name in constexprs
-                     else f"tensordesc<{dtype}[{config['BLOCK_M']}, {width}],{layout!r}>"
-                     if name.endswith("_desc") else "*fp32" if name in FP32_POINTERS
-                     else f"*{dtype}" if name.isupper() else "fp32" if name.endswith("scale")
-                     else "i32")
+    sig = signature(fn, dtype, constexprs)  # then the TMA descriptors in place of ints
+    sig.update({name: f"tensordesc<{dtype}[{config['BLOCK_M']}, {width}],{layout!r}>"
+                for name in fn.arg_names if name.endswith("_desc")})
     return GluonASTSource(fn, sig, constexprs=constexprs)
 
 
