@@ -239,28 +239,27 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
         return tk.flash_attention(qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2),
                                   qkv[:, :, h + kv:].transpose(1, 2))
 
-    rows = []
-    for name, op, inputs in (
+    def timed(name, op, inputs) -> dict:
+        times = fwd_bwd_times(timer, op, inputs, do)
+        return {"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype], "impl": name,
+                **times, "flops": flops,
+                "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12}
+
+    rows = [timed(name, op, inputs) for name, op, inputs in (
             ("triton", tk.flash_attention, [q, k, v]),
             (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa, [q, k, v]),
             ("triton, RoPE inside", lambda q, k, v: tk.flash_attention_rope(q, k, v, cos, sin),
              [q, k, v]),
             ("triton, RoPE kernel first", rope_first, [q, k, v]),
             ("on QKV, grad gathered", qkv_gathered, [qkv]),
-            ("on QKV, grad whole", lambda qkv: tk.qkv_attention(qkv, cos, sin, h), [qkv])):
-        times = fwd_bwd_times(timer, op, inputs, do)
-        rows.append({"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype],
-                     "impl": name, **times, "flops": flops,
-                     "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12})
+            ("on QKV, grad whole", lambda qkv: tk.qkv_attention(qkv, cos, sin, h), [qkv]))]
     ours, theirs, inside, first, gathered, whole = rows
     add_time_ratios(ours, theirs, "sdpa", "ours")
     add_time_ratios(inside, first, "rope_first", "inside")
     add_time_ratios(whole, gathered, "gathered", "whole")
     if tk.attention_hopper.supported(q, k, v):  # the Hopper path's "off" row
         with tk.attention_hopper.portable():
-            times = fwd_bwd_times(timer, tk.flash_attention, [q, k, v], do)
-        off = {**ours, "impl": "triton, portable kernels (no Hopper path)", **times,
-               "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12}
+            off = timed("triton, portable kernels (no Hopper path)", tk.flash_attention, [q, k, v])
         add_time_ratios(off, theirs, "sdpa", "ours")
         rows.insert(1, off)
     return rows
