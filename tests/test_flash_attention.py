@@ -112,6 +112,24 @@ def test_hopper_kernels_that_do_not_build_hand_over_to_the_portable_ones(monkeyp
     assert hopper.ENABLED is False
 
 
+def test_hopper_descriptors_take_their_own_bound_entries():
+    """The Hopper kernels launch bound (common.launch_fixed) with TMA descriptors among their
+    arguments: one is keyed by what its tensor map encodes (dtype, tile, shape, strides), so
+    a call with other tensors of the same kind reuses the entry, any other map takes its own."""
+    if not hopper.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    t = torch.zeros(2, 4, 128, 128, dtype=torch.bfloat16)
+
+    def key(x, rows=64):
+        descriptor = hopper._descriptor(x, hopper.by_token(x), rows)
+        return common._bound_key(hopper._attn_fwd, 0, [descriptor], {})[0]
+
+    others = [key(t.half()), key(t, 128), key(t[:1]), key(_by_token(t)),
+              key(t.new_zeros(2, 4, 256, 128))]
+    assert len({key(t), *others}) == len(others) + 1
+    assert key(torch.ones_like(t)) == key(t)
+
+
 def _on_hopper(shape):
     inputs, grad = attention_inputs(*shape)
     if not hopper.supported(*(t.to(torch.bfloat16) for t in inputs)):
@@ -145,6 +163,28 @@ def test_gpu_hopper_kernels_error_within_2x_pytorch(shape, dtype, layout):
     for name, e_ours, e_theirs, ref in zip(["out", "dq", "dk", "dv"], ours, theirs, reference):
         floor = 1e-3 * ref.abs().max().item()
         assert e_ours <= 2 * e_theirs + floor, f"{name}: {e_ours:.3g} vs PyTorch {e_theirs:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_hopper_kernels_bound_match_triton_s_launch(monkeypatch):
+    """The Hopper kernels launched bound (their second call on) give the bits Triton's own
+    launch gives."""
+    inputs, grad = _on_hopper((2, 4, 2, 256, 128))
+    inputs = [t.to(torch.bfloat16) for t in inputs]
+
+    def run():
+        q, k, v = (_by_token(t).detach().requires_grad_() for t in inputs)
+        out = tk.flash_attention(q, k, v)
+        out.backward(grad.to(out.dtype))
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    monkeypatch.setattr(common, "BIND", False)
+    through_triton = run()
+    monkeypatch.setattr(common, "BIND", True)
+    common.forget_plans()
+    run()  # binds
+    assert all(torch.equal(a, b) for a, b in zip(run(), through_triton))
+    assert common._LAST["attn_bwd_dkdv"][0] == hopper.HOW
 
 
 @pytest.mark.gpu

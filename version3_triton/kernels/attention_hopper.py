@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from . import configs, operators
+from . import common, configs, operators
 from .common import _LAST as _CHOSEN
 from .target import INTERPRET
 
@@ -386,14 +386,19 @@ _LOG2_E = 1.4426950408889634
 def _descriptor(t: torch.Tensor, token: bool, rows: int = BLOCK):
     """A TMA descriptor over t's 2D view (token: by_token(t)) that moves (rows, D) tiles."""
     shape, stride = _rows(t, token)
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([rows, t.shape[-1]], dtype)
-    return TensorDescriptor(t, list(shape), [stride, 1], [rows, t.shape[-1]], layout)
+    return TensorDescriptor(t, list(shape), [stride, 1], [rows, t.shape[-1]],
+                            _smem_layout(rows, t.shape[-1], t.dtype))
+
+
+@functools.lru_cache(maxsize=None)  # Gluon works it out in ~16 us of Python, every call
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
+    """The shared-memory layout (swizzle) a (rows, cols) tile lands in."""
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], element)
 
 
 def _fallback(err: Exception) -> None:
-    """A Triton release whose Gluon cannot build these kernels: say so once and let
-    flash_attention.py's kernels run from now on."""
+    """Gluon cannot build these kernels here: say so once; the portable kernels run on."""
     global ENABLED
     ENABLED = False
     warnings.warn(f"V3 attention: the Hopper (Gluon) kernels did not build under this Triton "
@@ -406,9 +411,9 @@ def forward(q, k, v, o, lse, sm_scale: float) -> bool:
     q_token, kv_token = by_token(q), by_token(k)  # (supported(): v's is k's)
     descriptors = [_descriptor(t, tok) for t, tok in zip((q, k, v), (q_token, kv_token, kv_token))]
     try:
-        _attn_fwd[(T // BLOCK, B * H)](*descriptors, o, lse, *_bht(o), T, H, group,
-                                       sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
-                                       FWD_STAGES, num_warps=WARPS)
+        common.launch_fixed(_attn_fwd, (T // BLOCK, B * H), [
+            *descriptors, o, lse, *o.stride()[:3], T, H, group, sm_scale * _LOG2_E, q_token,
+            kv_token, BLOCK, BLOCK, D, FWD_STAGES], num_warps=WARPS)
     except Exception as err:  # noqa: BLE001 - any build failure means: use the other kernels
         _fallback(err)
         return False
@@ -429,19 +434,15 @@ def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> boo
     shared = (T, H, H // H_kv, sm_scale, sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
               BWD_STAGES)
     try:
-        _attn_bwd_dq[(T // BLOCK, B * H)](*descriptors, o, lse, delta, dq, *_bht(o), *_bht(dq),
-                                          *shared, num_warps=WARPS)
-        _attn_bwd_dkdv[(T // BLOCK, B * H_kv)](*descriptors, lse, delta, dk, dv, *_bht(dk),
-                                               *_bht(dv), *shared, num_warps=WARPS)
+        common.launch_fixed(_attn_bwd_dq, (T // BLOCK, B * H), [*descriptors, o, lse, delta,
+                            dq, *o.stride()[:3], *dq.stride()[:3], *shared], num_warps=WARPS)
+        common.launch_fixed(_attn_bwd_dkdv, (T // BLOCK, B * H_kv), [*descriptors, lse, delta,
+                            dk, dv, *dk.stride()[:3], *dv.stride()[:3], *shared], num_warps=WARPS)
     except Exception as err:  # noqa: BLE001
         _fallback(err)
         return False
     _chose(("attn_bwd_dq", "attn_bwd_dkdv"), BWD_STAGES)
     return True
-
-
-def _bht(t: torch.Tensor) -> tuple:
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def _chose(names, stages: int) -> None:

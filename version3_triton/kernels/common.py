@@ -23,10 +23,10 @@ import triton
 from . import configs, operators
 from .attention_tables import (ATTENTION_CONFIGS, TUNED_AMD,  # noqa: F401 (re-exported)
                                 attention_configs, attention_warning, config_family)
-from .operators import (LIBRARY, USE_TRITON_OP, define_op,  # noqa: F401 (re-exported)
+from .operators import (LIBRARY, USE_TRITON_OP, apply, define_op,  # noqa: F401 (re-exported)
                         eager_operators, through_operators)
-from .configs import (SPECS, KernelSpec, candidates, check_config,  # noqa: F401 (re-exported)
-                      forced_config, usable_on)
+from .configs import (SPECS, KernelSpec, as_dict, candidates,  # noqa: F401 (re-exported)
+                      check_config, describe, forced_config, usable_on)
 from .target import (INTERPRET, Target, amd_target, current_target,  # noqa: F401
                      next_power_of_2, nvidia_target, triton_backend)
 
@@ -124,11 +124,38 @@ def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, l
             address = a.data_ptr()
             key += (a.dtype, not address & 15, a.is_cuda)
             give(address)
+        elif hasattr(a, "block_shape"):  # a TMA descriptor (attention_hopper.py's kernels)
+            append((kind, a.base.dtype, tuple(a.block_shape), tuple(a.shape), tuple(a.strides)))
+            give(a)  # Triton's C launch encodes its tensor map
         else:
             append(kind)
             append(a)
             give(a)
     return tuple(key), call
+
+
+def launch_fixed(fn, grid: tuple, args: list, **constexprs) -> None:
+    """Launch a kernel that has one configuration (attention_hopper.py's): Triton's own
+    launch the first time, bound like `launch`'s kernels after that. Never part of a launch
+    plan: its TMA descriptors are built per call."""
+    if not BIND or operators.IN_OPERATOR:
+        fn[grid](*args, **constexprs)
+        return
+    if _RECORDING is not None:
+        _record(None)
+    device = torch._C._cuda_getDevice()
+    bound_key, call_args = _bound_key(fn, device, args, constexprs)
+    bound = _BOUND.get(bound_key)
+    if bound is None:
+        kernel = fn[grid](*args, **constexprs)
+        tail = tuple(constexprs[name] for name in fn.arg_names[len(args):])
+        if len(_BOUND) >= _MAX_BOUND:
+            _BOUND.clear()
+        _BOUND[bound_key] = (*_direct_launch(kernel), tail, None, fn)
+        return
+    launcher, head, tail, _, _ = bound
+    launcher(*grid, *_GRID_PAD[len(grid)], torch._C._cuda_getCurrentRawStream(device), *head,
+             *call_args, *tail)
 
 
 def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
@@ -365,19 +392,6 @@ def _launch_by_rule(spec: KernelSpec, fn, grid, args, constexprs):
     return fn[grid(config)](*args, **constexprs, **config)
 
 
-def as_dict(config) -> dict:
-    """A launch configuration as one dict: a triton.Config's kwargs with its num_warps and
-    num_stages (a dict stays as it is)."""
-    if isinstance(config, triton.Config):
-        return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    return config
-
-
-def describe(config) -> str:
-    config = as_dict(config)
-    return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None)
-
-
 def chosen_configs() -> dict[str, str]:
     """Kernel name -> the configuration it last ran with (autotuned, by rule or forced)."""
     return {name: f"{how}: {describe(config) if config else 'chosen by torch.compile'}"
@@ -431,19 +445,3 @@ def as_rows(t: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int, int]:
         return t, t.numel() // n_cols, n_cols
     t = last_dim_contiguous(t.reshape(-1, n_cols))
     return t, t.shape[0], t.stride(0)
-
-
-# ---- calling an autograd.Function ---------------------------------------------------------
-# Function.apply is a Python classmethod in front of the C function that does the work: it
-# checks for functorch transforms (vmap, grad) and a setup_context, ~2 us of an H200 host's
-# time per call. An eager call outside those goes straight to the C function; torch.compile
-# (which traces Function.apply itself) and the transforms get the whole of it.
-_C_APPLY = torch._C._FunctionBase.__dict__.get("apply")
-
-
-def apply(function, *args):
-    """function.apply(*args), for an autograd.Function without a setup_context."""
-    if (_C_APPLY is None or torch.compiler.is_compiling()
-            or torch._C._are_functorch_transforms_active()):
-        return function.apply(*args)
-    return _C_APPLY.__get__(None, function)(*args)

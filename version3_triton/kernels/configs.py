@@ -197,6 +197,19 @@ def triton_config(config: dict) -> triton.Config:
     return triton.Config(kwargs, num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
+def as_dict(config) -> dict:
+    """A launch configuration as one dict: a triton.Config's kwargs with its num_warps and
+    num_stages (a dict stays as it is)."""
+    if isinstance(config, triton.Config):
+        return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return config
+
+
+def describe(config) -> str:
+    config = as_dict(config)
+    return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None)
+
+
 def early_prune(spec: KernelSpec, target: Target):
     """The autotuner's early_config_prune: what may run for these arguments."""
     def prune(configs, named_args, **constexprs):
