@@ -63,19 +63,18 @@ def portable():
         ENABLED = before
 
 
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) == (9, 0)
+_is_hopper = functools.lru_cache(lambda index: torch.cuda.get_device_capability(index) == (9, 0))
 
 
-def by_token(t: torch.Tensor):
+def by_token(t: torch.Tensor, address: bool = True):
     """How TMA reads a (B, heads, T, D) tensor as a 2D (rows, columns) one. True: (B, T,
     heads, D) memory - a row per token, its heads side by side (the model's q, k, v, slices
     of the QKV output); False: (B, heads, T, D) memory, contiguous - a row per head and
-    position (PyTorch's usual layout). None: neither (the portable kernels run)."""
+    position (PyTorch's usual layout). None: neither (the portable kernels run), or an
+    address TMA cannot read (16-byte aligned; `address=False` for a traced tensor)."""
     B, H, T, D = t.shape
     sb, sh, st, sd = t.stride()
-    if sd != 1 or t.data_ptr() % 16:
+    if sd != 1 or (address and t.data_ptr() % 16):
         return None
     if t.is_contiguous():
         return False
@@ -90,14 +89,14 @@ def _rows(t: torch.Tensor, token: bool) -> tuple:
     return ((B * T, H * D), t.stride(2)) if token else ((B * H * T, D), D)
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Run these kernels? Only eager calls: under torch.compile the operators trace
-    flash_attention.py's kernels, which Inductor launches itself. K and V must be in the
-    same layout (by_token), as the model's and PyTorch's are. A forced attention
-    configuration (V3_ATTN_*_CONFIG) asks for the portable kernels."""
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = False) -> bool:
+    """Run these kernels? K and V in one layout (by_token), no forced attention config
+    (V3_ATTN_*_CONFIG). Eager calls only: while torch.compile traces, traced=True asks
+    whether to call the opaque operator that runs them (flash_attention.py), whose call
+    asks again, addresses and all."""
     if not (AVAILABLE and ENABLED and q.is_cuda) or INTERPRET or torch.version.hip:
         return False
-    if operators.IN_OPERATOR or torch.compiler.is_compiling():
+    if not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling()):
         return False
     if any(name.startswith("attn") for name in configs.FORCED_CONFIGS):
         return False
@@ -106,7 +105,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
             and _is_hopper(q.device.index or 0)):
         return False
-    layouts = [by_token(t) for t in (q, k, v)]
+    layouts = [by_token(t, not traced) for t in (q, k, v)]
     return None not in layouts and layouts[1] == layouts[2]
 
 

@@ -155,8 +155,10 @@ def _outputs(q: torch.Tensor):
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal flash attention forward. Returns (o, lse); lse is in log2 units."""
-    # A call like an earlier one replays its launch (common.py's launch plans).
-    plan_key = common.plan_key("attn_fwd", (q, k, v), sm_scale, _tf32(q))
+    # A call like an earlier one replays its launch (common.py's launch plans); the Hopper
+    # switch is in the key, so a plan of the portable kernels stands in for them only while
+    # they are off (attention_hopper.portable()).
+    plan_key = common.plan_key("attn_fwd", (q, k, v), sm_scale, _tf32(q), attention_hopper.ENABLED)
     if (plan := common.PLANS.get(plan_key)) is not None:
         o, lse = _outputs(q)
         if common.replay(plan, (q, k, v, o, lse)):
@@ -191,6 +193,20 @@ _forward_op = common.define_op("attention_forward", attention_forward,
                                lambda q, k, v, sm_scale: _outputs(q))
 _backward_op = common.define_op("attention_backward", attention_backward,
                                 lambda grad_o, q, k, v, o, lse, sm_scale: _grads(q, k, v))
+# The Hopper kernels (attention_hopper.py) under torch.compile: Inductor launches no Gluon
+# kernel from its own code, so where they run, the traced step calls an opaque operator (a
+# custom_op: one node, never traced) whose eager body picks them - and the portable kernels
+# if the tensors it is given at run time do not suit them. CUDA graphs capture its launches.
+_hopper_forward_op = common.define_op("attention_forward_hopper", attention_forward,
+                                      lambda q, k, v, sm_scale: _outputs(q), opaque=True)
+_hopper_backward_op = common.define_op("attention_backward_hopper", attention_backward,
+                                       lambda grad_o, q, k, v, o, lse, sm_scale: _grads(q, k, v),
+                                       opaque=True)
+
+
+def forward_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The operator a traced forward (or one inside eager_operators()) calls."""
+    return _hopper_forward_op if attention_hopper.supported(q, k, v, traced=True) else _forward_op
 
 
 class FlashAttention(torch.autograd.Function):
@@ -198,7 +214,7 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sm_scale):
-        forward = _forward_op if common.through_operators() else attention_forward
+        forward = forward_operator(q, k, v) if common.through_operators() else attention_forward
         o, lse = forward(q, k, v, sm_scale)
         # No T x T tensor: the backward recomputes the scores from q, k and LSE.
         ctx.save_for_backward(q, k, v, o, lse)
@@ -207,7 +223,10 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o):
-        backward = _backward_op if common.through_operators() else attention_backward
+        backward = attention_backward
+        if common.through_operators():
+            hopper = attention_hopper.supported(*ctx.saved_tensors[:3], traced=True)
+            backward = _hopper_backward_op if hopper else _backward_op
         return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
 
 
@@ -229,8 +248,11 @@ def _backward_flops(grad_shape, q_shape, k_shape, v_shape=None, o_shape=None, ls
 
 
 _OPS = getattr(torch.ops, common.LIBRARY)
-torch.utils.flop_counter.register_flop_formula(_OPS.attention_forward)(_forward_flops)
-torch.utils.flop_counter.register_flop_formula(_OPS.attention_backward)(_backward_flops)
+for _op, _flops in ((_OPS.attention_forward, _forward_flops),
+                    (_OPS.attention_backward, _backward_flops),
+                    (_OPS.attention_forward_hopper, _forward_flops),
+                    (_OPS.attention_backward_hopper, _backward_flops)):
+    torch.utils.flop_counter.register_flop_formula(_op)(_flops)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -227,7 +227,7 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     # A call like an earlier one replays its two launches (common.py's launch plans). The
     # gradients' layouts follow from q's, k's and v's (_grads), so the plan key leaves them out.
     named = [grad_o, q, k, v, o, lse, dq, dk, dv, None]
-    plan_key = common.plan_key("attn_bwd", named[:6], sm_scale, _tf32(q))
+    plan_key = common.plan_key("attn_bwd", named[:6], sm_scale, _tf32(q), attention_hopper.ENABLED)
     if (plan := common.PLANS.get(plan_key)) is not None:
         named[DELTA_SLOT] = common.empty_like(lse)
         if common.replay(plan, named):
@@ -269,6 +269,7 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
     slots = [g if isinstance(g, tuple) else (g, None) for g in (dq, dk, dv)]
     named = [grad_o, q, k, v, o, lse, *(tensor for tensor, _ in slots), None]
     plan_key = common.plan_key("attn_bwd_into", named[:-1], sm_scale, _tf32(q),
+                               attention_hopper.ENABLED,
                                *(head0 for _, head0 in slots))
     if (plan := common.PLANS.get(plan_key)) is not None:
         named[DELTA_SLOT] = common.empty_like(lse)

@@ -39,8 +39,8 @@ from typing import Optional
 import torch
 import torch.utils.flop_counter
 
-from . import common
-from .flash_attention import _backward_flops, _forward_op, attention_forward
+from . import attention_hopper, common
+from .flash_attention import _backward_flops, attention_forward, forward_operator
 from .flash_attention_backward import attention_backward_into
 from .rope import _rope_op, rope_forward, rope_into
 
@@ -86,6 +86,10 @@ _backward_op = common.define_op(
     "qkv_attention_backward", qkv_attention_backward,
     lambda grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale: common.empty(
         qkv.shape, qkv.dtype, qkv.device))
+_hopper_backward_op = common.define_op(  # opaque: flash_attention.py says why
+    "qkv_attention_backward_hopper", qkv_attention_backward,
+    lambda grad_o, qkv, qk, o, lse, cos, sin, n_heads, sm_scale: common.empty(
+        qkv.shape, qkv.dtype, qkv.device), opaque=True)
 _rotating_backward_op = common.define_op(  # opaque: see the top of this file
     "qkv_attention_backward_rotating", qkv_attention_backward_rotating,
     lambda grad_o, qkv, o, lse, cos, sin, n_heads, sm_scale: common.empty(
@@ -105,8 +109,9 @@ def _rotating_backward_flops(grad_shape, qkv_shape, o_shape=None, lse_shape=None
     return _backward_flops(grad_shape, (B, n_heads, T, D), (B, (heads - n_heads) // 2, T, D))
 
 
-torch.utils.flop_counter.register_flop_formula(
-    getattr(torch.ops, common.LIBRARY).qkv_attention_backward)(_qkv_backward_flops)
+for _op in (getattr(torch.ops, common.LIBRARY).qkv_attention_backward,
+            getattr(torch.ops, common.LIBRARY).qkv_attention_backward_hopper):
+    torch.utils.flop_counter.register_flop_formula(_op)(_qkv_backward_flops)
 torch.utils.flop_counter.register_flop_formula(
     getattr(torch.ops, common.LIBRARY).qkv_attention_backward_rotating)(_rotating_backward_flops)
 
@@ -130,7 +135,7 @@ class QKVAttention(torch.autograd.Function):
         H_kv = (qkv.shape[2] - n_heads) // 2
         qk = (_rope_op if operators else rope_forward)(qkv[:, :, :n_heads + H_kv], cos, sin, False)
         q, k, v = _split(qkv, qk, n_heads)
-        o, lse = (_forward_op if operators else attention_forward)(q, k, v, sm_scale)
+        o, lse = (forward_operator(q, k, v) if operators else attention_forward)(q, k, v, sm_scale)
         if recompute_rope:  # neither qk nor a view of it: the backward rotates them again
             ctx.save_for_backward(qkv, None, o, lse, cos, sin, None, None, v)
         else:
@@ -142,9 +147,13 @@ class QKVAttention(torch.autograd.Function):
     def backward(ctx, grad_o):
         qkv, qk, o, lse, cos, sin, q, k, v = ctx.saved_tensors
         if common.through_operators():  # an operator takes tensors, not a tuple of views
-            d_qkv = (_backward_op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
-                     if qk is not None else  # recompute_rope: the operator rotates them itself
-                     _rotating_backward_op(grad_o, qkv, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale))
+            if qk is None:  # recompute_rope: the operator rotates them itself
+                d_qkv = _rotating_backward_op(grad_o, qkv, o, lse, cos, sin, ctx.n_heads,
+                                              ctx.sm_scale)
+            else:
+                op = (_hopper_backward_op if attention_hopper.supported(q, k, v, traced=True)
+                      else _backward_op)
+                d_qkv = op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
             return d_qkv, None, None, None, None, None
         if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
             qk = _rotate(qkv, cos, sin, ctx.n_heads)
