@@ -121,11 +121,10 @@ if AVAILABLE:
 
     @gluon.jit
     def _query_block(n_heads, group):
-        """This program's query block, (batch, head) row, batch, head and k/v head. The
-        grid's first axis (the one that runs first) is the heads: every head's longest
-        block starts in the first wave, and the shortest fill the last one."""
-        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-        bh = gl.program_id(0)
+        """This program's query block (the longest rows first), (batch, head) row, batch,
+        head and k/v head."""
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        bh = gl.program_id(1)
         b, h = bh // n_heads, bh % n_heads
         return pid_m, bh, b, h, h // group
 
@@ -303,8 +302,8 @@ if AVAILABLE:
                        qk_scale, Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr):
-        pid_n = gl.program_id(1)  # key block 0 sees every query block: the longest first
-        bh_kv = gl.program_id(0)
+        pid_n = gl.program_id(0)  # key block 0 sees every query block: the longest first
+        bh_kv = gl.program_id(1)
         n_kv_heads = n_heads // GROUP
         b, kv_h = bh_kv // n_kv_heads, bh_kv % n_kv_heads
         n0 = pid_n * BLOCK_N
@@ -411,7 +410,7 @@ def forward(q, k, v, o, lse, sm_scale: float) -> bool:
     q_token, kv_token = by_token(q), by_token(k)  # (supported(): v's is k's)
     descriptors = [_descriptor(t, tok) for t, tok in zip((q, k, v), (q_token, kv_token, kv_token))]
     try:
-        common.launch_fixed(_attn_fwd, (B * H, T // BLOCK), [
+        common.launch_fixed(_attn_fwd, (T // BLOCK, B * H), [
             *descriptors, o, lse, *o.stride()[:3], T, H, group, sm_scale * _LOG2_E, q_token,
             kv_token, BLOCK, BLOCK, D, FWD_STAGES], num_warps=WARPS)
     except Exception as err:  # noqa: BLE001 - any build failure means: use the other kernels
@@ -434,9 +433,9 @@ def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> boo
     shared = (T, H, H // H_kv, sm_scale, sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
               BWD_STAGES)
     try:
-        common.launch_fixed(_attn_bwd_dq, (B * H, T // BLOCK), [*descriptors, o, lse, delta,
+        common.launch_fixed(_attn_bwd_dq, (T // BLOCK, B * H), [*descriptors, o, lse, delta,
                             dq, *o.stride()[:3], *dq.stride()[:3], *shared], num_warps=WARPS)
-        common.launch_fixed(_attn_bwd_dkdv, (B * H_kv, T // BLOCK), [*descriptors, lse, delta,
+        common.launch_fixed(_attn_bwd_dkdv, (T // BLOCK, B * H_kv), [*descriptors, lse, delta,
                             dk, dv, *dk.stride()[:3], *dv.stride()[:3], *shared], num_warps=WARPS)
     except Exception as err:  # noqa: BLE001
         _fallback(err)
