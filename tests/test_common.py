@@ -408,6 +408,14 @@ def test_ops_are_registered_and_counted_by_flop_counter():
     assert counts(autograd, common.eager_operators()) == expected
     assert counts(autograd) == {}  # eager: the launchers, unseen
 
+    def hopper_operators():  # the opaque ones a traced step calls where the Hopper kernels run
+        o, lse = ops.attention_forward_hopper(q, k, v, 0.25)
+        ops.attention_backward_hopper(torch.ones_like(o), q, k, v, o, lse, 0.25)
+
+    assert counts(hopper_operators) == {f"{name}_hopper": n for name, n in expected.items()}
+    from torch.utils.flop_counter import flop_registry
+    assert ops.qkv_attention_backward_hopper in flop_registry
+
 
 def test_torch_compile_traces_through_the_custom_ops():
     """aot_eager: dynamo + fake tensors + AOT autograd, without generating C++ code."""
