@@ -147,11 +147,7 @@ def launch_fixed(fn, grid: tuple, args: list, **constexprs) -> None:
     bound_key, call_args = _bound_key(fn, device, args, constexprs)
     bound = _BOUND.get(bound_key)
     if bound is None:
-        kernel = fn[grid](*args, **constexprs)
-        tail = tuple(constexprs[name] for name in fn.arg_names[len(args):])
-        if len(_BOUND) >= _MAX_BOUND:
-            _BOUND.clear()
-        _BOUND[bound_key] = (*_direct_launch(kernel), tail, None, fn)
+        _keep(bound_key, fn, fn[grid](*args, **constexprs), len(args), constexprs, None)
         return
     launcher, head, tail, _, _ = bound
     launcher(*grid, *_GRID_PAD[len(grid)], torch._C._cuda_getCurrentRawStream(device), *head,
@@ -159,12 +155,16 @@ def launch_fixed(fn, grid: tuple, args: list, **constexprs) -> None:
 
 
 def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
-    """Keep the CompiledKernel the call just ran, with what a direct call needs: Triton's
-    launcher takes every kernel parameter in order, constexprs included (`tail`)."""
-    global BIND
+    """Keep the CompiledKernel the call just ran, with the configuration it ran with."""
     how, config = _LAST[spec.name]
     config = as_dict(config)
-    values = {**constexprs, **config}
+    _keep(bound_key, fn, kernel, n_args, {**constexprs, **config}, (how, config))
+
+
+def _keep(bound_key: tuple, fn, kernel, n_args: int, values: dict, last) -> None:
+    """Keep a CompiledKernel with what a direct call needs: Triton's launcher takes every
+    kernel parameter in order, constexprs included (`tail`, from `values`)."""
+    global BIND
     try:
         tail = tuple(values[name] for name in fn.arg_names[n_args:])
         launcher, head = _direct_launch(kernel)
@@ -176,7 +176,7 @@ def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexpr
         return
     if len(_BOUND) >= _MAX_BOUND:
         _BOUND.clear()
-    _BOUND[bound_key] = (launcher, head, tail, (how, config), fn)  # fn: see _bound_key
+    _BOUND[bound_key] = (launcher, head, tail, last, fn)  # fn: see _bound_key
 
 
 # ---- launch plans -------------------------------------------------------------------------

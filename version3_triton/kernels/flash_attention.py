@@ -204,9 +204,14 @@ _hopper_backward_op = common.define_op("attention_backward_hopper", attention_ba
                                        opaque=True)
 
 
+def traced_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hopper_op, other_op):
+    """The operator a traced step (or a call inside eager_operators()) calls: the Hopper
+    kernels' opaque one where they run, the traced one elsewhere."""
+    return hopper_op if attention_hopper.supported(q, k, v, traced=True) else other_op
+
+
 def forward_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """The operator a traced forward (or one inside eager_operators()) calls."""
-    return _hopper_forward_op if attention_hopper.supported(q, k, v, traced=True) else _forward_op
+    return traced_operator(q, k, v, _hopper_forward_op, _forward_op)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -225,8 +230,7 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_o):
         backward = attention_backward
         if common.through_operators():
-            hopper = attention_hopper.supported(*ctx.saved_tensors[:3], traced=True)
-            backward = _hopper_backward_op if hopper else _backward_op
+            backward = traced_operator(*ctx.saved_tensors[:3], _hopper_backward_op, _backward_op)
         return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
 
 

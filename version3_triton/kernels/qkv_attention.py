@@ -39,8 +39,8 @@ from typing import Optional
 import torch
 import torch.utils.flop_counter
 
-from . import attention_hopper, common
-from .flash_attention import _backward_flops, attention_forward, forward_operator
+from . import common
+from .flash_attention import _backward_flops, attention_forward, forward_operator, traced_operator
 from .flash_attention_backward import attention_backward_into
 from .rope import _rope_op, rope_forward, rope_into
 
@@ -151,8 +151,7 @@ class QKVAttention(torch.autograd.Function):
                 d_qkv = _rotating_backward_op(grad_o, qkv, o, lse, cos, sin, ctx.n_heads,
                                               ctx.sm_scale)
             else:
-                op = (_hopper_backward_op if attention_hopper.supported(q, k, v, traced=True)
-                      else _backward_op)
+                op = traced_operator(q, k, v, _hopper_backward_op, _backward_op)
                 d_qkv = op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
             return d_qkv, None, None, None, None, None
         if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
