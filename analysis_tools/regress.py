@@ -46,20 +46,21 @@ def row_key(r: dict) -> tuple:
     same data, seed and steps) - everything but the version's own options."""
     run = r["run"]
     settings = ("batch_size", "seq_len", "precision", "compile", "compile_mode", "optimizer",
-                "shard_optimizer", "grad_checkpoint", "grad_accum", "world_size", "data", "seed",
-                "num_steps", "learning_rate")
+                "shard_optimizer", "reduce_after_backward", "grad_checkpoint", "grad_accum",
+                "world_size", "data", "seed", "num_steps", "learning_rate")
     return (r["version"], tuple(sorted(r["config"].items())),
             *(run.get(k, ADDED_LATER.get(k)) for k in settings), parallel_key(r))
 
 
 # Settings results record since a later version, with the value older results ran with.
-ADDED_LATER = {"shard_optimizer": False}
+ADDED_LATER = {"shard_optimizer": False, "reduce_after_backward": False}
 
 
 # What a data-parallel run chose beyond its world size (DDP's or FSDP2's knobs): two rows of one
 # model and batch on 2 GPUs, one with a lever switched back, are two rows.
 PARALLEL_KNOBS = ("kind", "bucket_cap_mb", "comm_hook", "compile_ddp", "static_graph",
-                  "shard_optimizer", "comm_priority", "reshard_after_forward", "param_dtype")
+                  "shard_optimizer", "reduce_after_backward", "comm_priority", "reshard_after_forward",
+                  "param_dtype")
 
 
 def parallel_key(r: dict) -> tuple:

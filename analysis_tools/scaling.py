@@ -59,6 +59,8 @@ def variant(result: dict) -> str:
         return ""
     if d.get("shard_optimizer"):  # no DDP buckets: one reduce-scatter, one all-gather
         return ", ".join(["sharded optimizer (reduce-scatter + all-gather)", *_priority(d)])
+    if d.get("reduce_after_backward"):  # no DDP buckets: the all-reduce after the backward
+        return ", ".join(["all-reduce after backward", *_priority(d)])
     parts = [f"bucket {d.get('bucket_cap_mb', BUCKET_MB):g} MB"]
     if d.get("comm_hook", "none") != "none":
         parts.append(f"{d['comm_hook']} all-reduce")

@@ -10,14 +10,19 @@
 #       OUT_DIR=results/ddp bash benchmarks/ddp_scaling.sh
 #
 #   variant     flags (only the multi-GPU runs get them; see docs/MULTI_GPU.md)
-#   base        none: DDP with 25 MB buckets, fp32 all-reduce (with --optimizer master in
-#               EXTRA_ARGS: the sharded optimizer, its default there)
+#   base        none: DDP with 25 MB buckets, fp32 all-reduce (the defaults that replace
+#               DDP: with --optimizer master in EXTRA_ARGS the sharded optimizer, with
+#               --compile and bf16 the all-reduce after backward)
 #   bucketN     --ddp-bucket-mb N             (bucket50, bucket100, bucket200, bucket1000 ...)
 #   bf16, fp16  --ddp-comm-hook bf16|fp16     (gradients all-reduced in 16 bits)
 #   whole       --compile-ddp whole           (with --compile: one graph, all-reduce after backward)
 #   static      --ddp-static-graph            (DDP fixes its bucket order after step 1)
 #   shard       --shard-optimizer             (no DDP: reduce-scatter, 1/N of the optimizer
 #                                              step, all-gather)
+#   after       --reduce-after-backward       (no DDP: all-reduce after backward, in bf16
+#                                              under bf16, each piece updated as it lands)
+#   ddp         --no-shard-optimizer --no-reduce-after-backward (DDP where a default
+#                                              replaces it: master weights, or --compile)
 #   normalprio  --comm-priority normal        (NCCL on a normal-priority stream)
 #   nchN        env NCCL_MAX_NCHANNELS=N      (NCCL uses at most N channels, i.e. fewer SMs
 #                                              taken from the backward it overlaps; nch4 ...)
@@ -71,13 +76,15 @@ variant_flags() {  # variant_flags NAME: its flags on stdout; exit 2 on an unkno
             whole) flags+=(--compile-ddp whole) ;;
             static) flags+=(--ddp-static-graph) ;;
             shard) flags+=(--shard-optimizer) ;;
+            after) flags+=(--reduce-after-backward) ;;
+            ddp) flags+=(--no-shard-optimizer --no-reduce-after-backward) ;;
             normalprio) flags+=(--comm-priority normal) ;;
             nch[0-9]*) ;;  # an environment variable: see variant_env
             fsdp) flags+=(--fsdp) ;;
             noreshard) flags+=(--fsdp --fsdp-reshard-after-forward false) ;;
             bf16params) flags+=(--fsdp --fsdp-param-dtype bf16) ;;
             *) echo "error: unknown variant '$part' in '$1' (known: base bucketN bf16 fp16" \
-                    "whole static shard normalprio nchN fsdp noreshard bf16params, joined with +)" >&2
+                    "whole static shard after ddp normalprio nchN fsdp noreshard bf16params, joined with +)" >&2
                return 2 ;;
         esac
     done

@@ -122,8 +122,13 @@ SCALING_MODES = {"compile": ("compiled", ("--compile",)), "best": ("graphs + mas
 
 def _ddp(flags: tuple) -> tuple:
     """A DDP row's flags. With master weights, data parallelism shards the optimizer unless
-    told not to (training/parallel.py, sharded_by_default): their DDP rows are lever rows."""
-    return (*flags, "--no-shard-optimizer") if "master" in flags else flags
+    told not to (training/parallel.py, sharded_by_default), and compiled with fp32 weights it
+    all-reduces after the backward (reduced_after_backward_by_default): their DDP rows are
+    lever rows."""
+    if "master" in flags:
+        return (*flags, "--no-shard-optimizer")
+    compiled_ddp = "--compile" in flags and "--fsdp" not in flags
+    return (*flags, "--no-reduce-after-backward") if compiled_ddp else flags
 
 
 def _scaling() -> list[Row]:
@@ -177,6 +182,18 @@ def _scaling() -> list[Row]:
             rows += [Row("scaling", f"{version}_{mode}_ddp{n}_shard_optimizer", "scaling",
                          f"{version.upper()} {words}, x{n}, `--shard-optimizer`", version, sharded, gpus=n,
                          baseline=one) for n in (2, 4)]
+    # Compiled with fp32 weights, the default over several GPUs: no DDP, the gradients
+    # all-reduced in bf16 after the backward and each piece updated as it lands, in one
+    # compiled graph; its baseline runs the same flat AdamW update on one GPU
+    words, flags = SCALING_MODES["compile"]
+    after = (*BF16, *flags, "--reduce-after-backward")
+    for version in ("v1", "v2", "v3", "v4"):
+        one = f"{version}_compile_1gpu_reduce_after_backward"
+        rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU, `--reduce-after-backward`",
+                        version, after, env=("OMP_NUM_THREADS=1",)))
+        rows += [Row("scaling", f"{version}_compile_ddp{n}_reduce_after_backward", "scaling",
+                     f"{version.upper()} {words}, x{n}, `--reduce-after-backward`", version, after, gpus=n,
+                     baseline=one) for n in (2, 4)]
     levers = {  # name: (label, flags), each on V4 compiled x2
         "ddp2_bucket25": ("DDP x2, `--ddp-bucket-mb 25`", ("--ddp-bucket-mb", "25")),
         "ddp2_whole": ("DDP x2, `--compile-ddp whole`", ("--compile-ddp", "whole")),
@@ -194,7 +211,8 @@ def _scaling() -> list[Row]:
     rows.append(Row("scaling", "v4_compile_large_1gpu", "scaling", "V4 compiled, large preset, 1 GPU",
                     "v4", (*BF16, "--compile"), env=("OMP_NUM_THREADS=1",), preset="large"))
     rows += [Row("scaling", f"v4_compile_large_{kind}2", "scaling", f"V4 compiled, large preset, {words} x2",
-                 "v4", (*BF16, "--compile", *flags), gpus=2, baseline="v4_compile_large_1gpu", preset="large")
+                 "v4", _ddp((*BF16, "--compile", *flags)), gpus=2, baseline="v4_compile_large_1gpu",
+                 preset="large")
              for kind, words, flags in (("ddp", "DDP", ()), ("fsdp", "FSDP2", ("--fsdp",)))]
     # Overlap, read from the profiler: V4's DDP x2 rows again under the PyTorch profiler
     # (reproduce gives a profiled row its own --profile-dir and reads each rank's trace),

@@ -225,6 +225,7 @@ class RunSettings:
     compile_ddp: str = "split"
     ddp_static_graph: bool = False
     shard_optimizer: bool = False        # the command line picks it: training/parallel.py sharded_by_default
+    reduce_after_backward: bool = False  # and this: reduced_after_backward_by_default
     fsdp_reshard_after_forward: bool = True
     fsdp_param_dtype: str = "fp32"
     comm_priority: str = "high"

@@ -121,6 +121,7 @@ def build(settings, precision: str, device: dict, losses: list, timing: dict, me
                 "compile_mode": settings.compile_mode if settings.compile else None,
                 "optimizer": settings.optimizer,
                 "shard_optimizer": settings.shard_optimizer,
+                "reduce_after_backward": settings.reduce_after_backward,
                 "grad_checkpoint": settings.grad_checkpoint,
                 "grad_accum": settings.grad_accum, "deterministic": settings.deterministic,
                 "world_size": world_size, "parallel": parallel,

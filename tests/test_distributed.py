@@ -72,9 +72,9 @@ def test_rank_outside_world_is_rejected():
 def settings(**changes):
     """The RunSettings fields the distributed code reads (data-parallel knobs at their defaults)."""
     base = dict(fsdp=False, device="cpu", grad_accum=2, batch_size=2, compile=False,
-                compile_mode="default",
+                compile_mode="default", precision=None,
                 **{name: parallel.DEFAULTS[name]
-                   for name in {**parallel.DDP_KNOBS, **parallel.SHARD_KNOB, **parallel.FSDP_KNOBS,
+                   for name in {**parallel.DDP_KNOBS, **parallel.FLAT_KNOBS, **parallel.FSDP_KNOBS,
                                 **parallel.SHARED_KNOBS}})
     return SimpleNamespace(**{**base, **changes})
 
@@ -329,6 +329,34 @@ def test_master_weights_under_torchrun_shard_the_optimizer_unless_ddp_is_asked_f
         assert not sharded(*master, *asked), asked
     as_if_under_torchrun(monkeypatch, world_size=1)
     assert not sharded(*master)
+
+
+def test_compiled_fp32_weights_under_torchrun_reduce_after_backward_unless_ddp_is_asked_for(monkeypatch):
+    """Compiled with fp32 weights and bf16 autocast, DDP cuts the model into a graph piece per
+    bucket, and reducing after the backward scales better (docs/MULTI_GPU.md): that is the
+    default there over several processes, and only there."""
+    from training.cli import build_parser, settings_from_args
+
+    def reduced(*argv):
+        args = build_parser("v1", "").parse_args(list(argv))
+        return settings_from_args("v1", args, list(argv)).reduce_after_backward
+    compiled = ("--compile", "--precision", "bf16")
+    for k in TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    assert not reduced(*compiled)  # one process: nothing to reduce
+    assert reduced(*compiled, "--reduce-after-backward")  # asked for: a row's 1-GPU baseline
+    as_if_under_torchrun(monkeypatch)
+    assert reduced(*compiled) and not reduced("--precision", "bf16")
+    assert not reduced(*compiled, "--no-reduce-after-backward")
+    # the sharded optimizer (master weights' default, or asked for), DDP's knobs, FSDP2, torch's
+    # own AdamW, fp16 or fp32 gradients (the CPU's default precision): not on its own
+    for asked in (("--optimizer", "master"), ("--shard-optimizer",), ("--ddp-bucket-mb", "50"),
+                  ("--fsdp",), ("--optimizer", "fused"), ("--precision", "fp16"),
+                  ("--precision", "fp32")):
+        assert not reduced(*compiled, *asked), asked
+    assert not reduced("--compile", "--device", "cpu")
+    as_if_under_torchrun(monkeypatch, world_size=1)
+    assert not reduced(*compiled)
 
 
 def test_knobs_without_torchrun_are_ignored_with_a_note(monkeypatch, capsys):
@@ -596,13 +624,16 @@ class ScaledTwoLayers(TwoLayers):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("optimizer", ["master", "default"])
 @pytest.mark.parametrize("launch", ["torchrun", "python"])
-def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device, optimizer, launch):
-    """--shard-optimizer on one rank: the flat buffer the weights become views of, and the
-    update of its shard (and, with master weights, of the fp32 parameters beside it), give
-    the weights of the unsharded optimizer step for step: MasterWeightAdamW exactly,
-    torch.optim.AdamW to rounding (the same formula in another order). Two ranks and their
-    padding: the slow test below. On a GPU (NCCL, the compiled update) to rounding. Under
-    plain python it is the same update with nothing to send: the sharded rows' baseline."""
+@pytest.mark.parametrize("flag", ["shard_optimizer", "reduce_after_backward"])
+def test_flat_optimizer_steps_as_the_optimizer_it_replaces(group_of_one, device, optimizer, launch, flag):
+    """--shard-optimizer (or --reduce-after-backward) on one rank: the flat buffer the weights
+    become views of, and the update of its shard (and, with master weights, of the fp32
+    parameters beside it), give the weights of the unsharded optimizer step for step:
+    MasterWeightAdamW exactly, torch.optim.AdamW to rounding (the same formula in another
+    order). Two ranks and their padding: the slow tests below. On a GPU (NCCL, the compiled
+    update) to rounding. Under plain python it is the same update with nothing to send: the
+    rows' baseline. Reduced after the backward under bf16 autocast, the gradients travel in
+    bf16: fp32 weights then match to bf16's rounding."""
     from harness.master_weights import MasterWeightAdamW, split_master_weights
 
     x = torch.randn(3, 4, device=device)
@@ -622,8 +653,9 @@ def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device
     expected = train(reference, MasterWeightAdamW(reference.parameters(), split_master_weights(reference),
                                                   **hyper) if master else
                      torch.optim.AdamW(reference.parameters(), foreach=False, **hyper))
-    chosen = dict(shard_optimizer=True, optimizer=optimizer, grad_accum=1, learning_rate=1e-2,
-                  device=device)
+    chosen = {flag: True, "optimizer": optimizer, "grad_accum": 1, "learning_rate": 1e-2,
+              "device": device, "precision": "bf16"}
+    rounded = master or (flag == "reduce_after_backward" and launch == "torchrun")
     ctx = group_of_one(**chosen) if launch == "torchrun" else parallel.SingleProcess(settings(**chosen))
     model = ScaledTwoLayers().to(device)
     masters = split_master_weights(model) if master else None
@@ -639,11 +671,16 @@ def test_sharded_optimizer_steps_as_the_optimizer_it_shards(group_of_one, device
         if device == "cpu" and master:
             assert torch.equal(got, want)
         else:
-            torch.testing.assert_close(got, want, rtol=1e-2 if master else 1e-5, atol=1e-3 if master else 1e-6)
+            torch.testing.assert_close(got, want, rtol=1e-2 if rounded else 1e-5,
+                                       atol=1e-3 if rounded else 1e-6)
+    wire = torch.bfloat16 if rounded else ctx.flat.dtype  # nothing sent: nothing rounded
+    assert optimizer.grads.dtype == wire
     if launch == "torchrun":
-        assert ctx.extra["shard_optimizer"] is True
+        assert ctx.extra[flag] is True
         comm = measure_communication(ctx, reps=1)
-        assert set(comm["ms_per_bucket"]) == {"all_gather", "reduce_scatter"} and comm["buckets"] == 1
+        sent = {"shard_optimizer": {"all_gather", "reduce_scatter"},
+                "reduce_after_backward": {"all_reduce"}}[flag]
+        assert set(comm["ms_per_bucket"]) == sent and comm["buckets"] == 1
 
 
 def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
@@ -688,10 +725,22 @@ def test_shard_optimizer_refuses_what_it_would_not_do(group_of_one, changes, fra
         group_of_one(shard_optimizer=True, grad_accum=1, **changes)
 
 
-def test_shard_optimizer_refuses_fp16_loss_scaling(group_of_one):
-    ctx = group_of_one(shard_optimizer=True, optimizer="default")
+@pytest.mark.parametrize("changes, fragment", [
+    (dict(optimizer="foreach"), "--reduce-after-backward updates .* drop --optimizer foreach"),
+    (dict(compile_ddp="whole"), "--compile-ddp configures DDP, which --reduce-after-backward"),
+    (dict(fsdp=True), "--reduce-after-backward configures DDP"),
+    (dict(shard_optimizer=True), "pick one"),
+])
+def test_reduce_after_backward_refuses_what_it_would_not_do(group_of_one, changes, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        group_of_one(reduce_after_backward=True, grad_accum=1, **{"optimizer": "default", **changes})
+
+
+@pytest.mark.parametrize("flag", ["shard_optimizer", "reduce_after_backward"])
+def test_flat_optimizer_refuses_fp16_loss_scaling(group_of_one, flag):
+    ctx = group_of_one(**{flag: True}, optimizer="default")
     ctx.check_precision("bf16")
-    with pytest.raises(UsageError, match="fp16"):
+    with pytest.raises(UsageError, match=f"--{flag.replace('_', '-')} does not run with fp16"):
         ctx.check_precision("fp16")
 
 
@@ -711,4 +760,20 @@ def test_master_weights_under_ddp_match_one_process(tmp_path, shard):
     assert result["run"]["optimizer"] == "master" and result["run"]["world_size"] == 2
     assert result["distributed"]["shard_optimizer"] is shard
     # The averaged gradient is rounded to bf16 (two ranks' halves, then their mean).
+    assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)
+
+
+@pytest.mark.slow  # ~17 s, two ranks: make test-slow
+def test_reduce_after_backward_matches_one_process(tmp_path):
+    """2 gloo ranks x 4 rows with fp32 weights, the gradients all-reduced in bf16 after the
+    backward, piece by piece = 1 process x 8 rows, to bf16's rounding of the mean."""
+    flags = ["--precision", "bf16", "--grad-accum", "1", "--reduce-after-backward"]
+    v4 = Path(load_version("v4").__file__).relative_to(REPO)
+    single = tmp_path / "single.json"
+    proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    torchrun(tmp_path / "out", *flags, script=v4)
+    result = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert result["distributed"]["reduce_after_backward"] is True
+    assert result["distributed"]["shard_optimizer"] is False
     assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)

@@ -101,6 +101,14 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "torchrun with --optimizer master (where it scales better than DDP), "
                         "unless DDP's knobs, --fsdp or fp16 are asked for; "
                         "--no-shard-optimizer keeps DDP")
+    t.add_argument("--reduce-after-backward", action=argparse.BooleanOptionalAction, default=None,
+                   help="in place of DDP: all-reduce the gradients after backward (in bf16 under "
+                        "bf16 autocast), a piece at a time, each piece's AdamW update running "
+                        "while the next piece is reduced; every GPU updates all the weights; "
+                        "not with --optimizer foreach/fused. Default: on under torchrun with "
+                        "--compile, fp32 weights and bf16 (where DDP cuts the compiled model "
+                        "into a graph piece per bucket), unless DDP's knobs, --fsdp or "
+                        "--shard-optimizer are asked for; --no-reduce-after-backward keeps DDP")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")
@@ -205,6 +213,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         fsdp=args.fsdp, ddp_bucket_mb=args.ddp_bucket_mb, ddp_comm_hook=args.ddp_comm_hook,
         compile_ddp=args.compile_ddp, ddp_static_graph=args.ddp_static_graph,
         shard_optimizer=bool(args.shard_optimizer),
+        reduce_after_backward=bool(args.reduce_after_backward),
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
         comm_priority=args.comm_priority, fsdp_param_dtype=args.fsdp_param_dtype,
         command=" ".join(["python", sys.argv[0], *argv]))
@@ -212,6 +221,10 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         from .parallel import sharded_by_default
 
         settings.shard_optimizer = sharded_by_default(settings)
+    if args.reduce_after_backward is None:  # and so does this one's, on the sharding's too
+        from .parallel import reduced_after_backward_by_default
+
+        settings.reduce_after_backward = reduced_after_backward_by_default(settings)
     return settings
 
 

@@ -26,7 +26,9 @@ Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
 --compile-ddp, --ddp-static-graph for DDP; --fsdp-reshard-after-forward and
 --fsdp-param-dtype for FSDP2; --comm-priority for both. --shard-optimizer
 (training/sharded_optimizer.py) replaces DDP with a sharded optimizer: the default with
---optimizer master (sharded_by_default), --no-shard-optimizer keeps DDP.
+--optimizer master (sharded_by_default), --no-shard-optimizer keeps DDP. --reduce-after-backward
+replaces DDP with the same flat optimizer unsharded, the gradients all-reduced after the
+backward: the default under --compile with fp32 weights (reduced_after_backward_by_default).
 
 After training, each rank times the step's collectives alone
 (measure_communication, at the end of this file) and rank 0 records them with the results. The scaling
@@ -51,6 +53,7 @@ from harness import device as dev
 from harness import measure
 from harness.config import PRECISIONS, RunSettings
 from harness.errors import UsageError
+from harness.precision import choose_precision
 from harness.training_step import adamw_settings, make_optimizer
 
 BUCKET_MB = 25  # DDP's default gradient bucket (--ddp-bucket-mb); FSDP2's comm is timed in these
@@ -63,8 +66,9 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 # be used is an error under torchrun, and a note without it (see check_knobs).
 DDP_KNOBS = {"ddp_bucket_mb": "--ddp-bucket-mb", "ddp_comm_hook": "--ddp-comm-hook",
              "compile_ddp": "--compile-ddp", "ddp_static_graph": "--ddp-static-graph"}
-# In place of DDP (so not with --fsdp, nor beside DDP's knobs); it acts in one process too
-SHARD_KNOB = {"shard_optimizer": "--shard-optimizer"}
+# In place of DDP (so not with --fsdp, nor beside DDP's knobs); they act in one process too
+FLAT_KNOBS = {"shard_optimizer": "--shard-optimizer",
+              "reduce_after_backward": "--reduce-after-backward"}
 FSDP_KNOBS = {"fsdp_reshard_after_forward": "--fsdp-reshard-after-forward",
               "fsdp_param_dtype": "--fsdp-param-dtype"}
 SHARED_KNOBS = {"comm_priority": "--comm-priority"}  # both wrappers read it
@@ -74,22 +78,28 @@ ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_SYMM_MEM_")  # recorded 
 
 class SingleProcess:
     """One process, nothing to synchronise: every method is the identity, except that
-    --shard-optimizer runs its flat AdamW update here too (one shard: the whole model), so
-    that the sharded rows' 1-GPU baseline runs the same optimizer code."""
+    --shard-optimizer and --reduce-after-backward run their flat AdamW update here too (one
+    piece: the whole model, nothing sent), so that their rows' 1-GPU baseline runs the same
+    optimizer code."""
     rank, world_size, is_main, kind, device, extra, dist = 0, 1, True, "single", None, None, None
 
     def __init__(self, settings=None):
         self.shard_optimizer = bool(settings and settings.shard_optimizer)
-        if self.shard_optimizer:
-            _check_shard_optimizer(settings)
+        self.reduce_after_backward = bool(settings and settings.reduce_after_backward)
+        self.flat_optimizer = self.shard_optimizer or self.reduce_after_backward
+        if self.flat_optimizer:
+            _check_flat_optimizer(settings)
             # the flat buffer holds the weights the optimizer steps: bf16 with master weights
             self.flat_dtype = torch.bfloat16 if settings.optimizer == "master" else torch.float32
+            # the gradients on the wire: unsharded under bf16 autocast, bf16 (sharded_optimizer.py)
+            self.wire = (torch.bfloat16 if self.reduce_after_backward and _precision(settings) == "bf16"
+                         else self.flat_dtype)
 
     def wrap(self, model, settings):
-        return self._flatten_for_sharding(model) if self.shard_optimizer else model
+        return self._flatten_for_sharding(model) if self.flat_optimizer else model
 
     def _flatten_for_sharding(self, model):
-        """--shard-optimizer: no DDP wrapper; the weights become views of one flat buffer
+        """The flat optimizer: no DDP wrapper; the weights become views of one flat buffer
         (training/sharded_optimizer.py), and every rank starts from rank 0's weights, as
         DDP would make it."""
         from training.sharded_optimizer import flatten_parameters
@@ -103,13 +113,14 @@ class SingleProcess:
         return model
 
     def make_optimizer(self, model, settings, device, masters):
-        if not self.shard_optimizer:
+        if not self.flat_optimizer:
             return make_optimizer(model, settings, device, masters)
         from training.sharded_optimizer import ShardedAdamW
 
         return ShardedAdamW(model.parameters(), self.flat, self.flat_params,
                             masters if settings.optimizer == "master" else None, self.dist,
-                            **adamw_settings(settings))
+                            **adamw_settings(settings), shard=self.shard_optimizer,
+                            wire=self.wire)
 
     def check_precision(self, precision: str) -> None:
         pass
@@ -149,15 +160,37 @@ def sharded_by_default(settings) -> bool:
             and settings.precision != "fp16" and not changed_flags(settings, DDP_KNOBS))
 
 
-def _check_shard_optimizer(settings) -> None:
-    """--shard-optimizer runs its own AdamW update and replaces DDP's buckets."""
+def reduced_after_backward_by_default(settings) -> bool:
+    """--reduce-after-backward's default: on for data parallelism over several processes under
+    --compile with fp32 weights and bf16 autocast, where DDP cuts the compiled model into a
+    graph piece per bucket and scales worse (docs/MULTI_GPU.md, the scaling table); off where
+    the run shards its optimizer or asks for what it does not do: DDP's knobs, FSDP2,
+    torch's foreach/fused AdamW. --no-reduce-after-backward keeps DDP."""
+    return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and settings.compile
+            and settings.optimizer == "default" and _precision(settings) == "bf16"
+            and not settings.shard_optimizer and not settings.fsdp
+            and not changed_flags(settings, DDP_KNOBS))
+
+
+def _precision(settings) -> str:
+    """The precision the run will train in (--precision, or the device's default)."""
+    return settings.precision or choose_precision(None, dev.resolve_device(settings.device))
+
+
+def _check_flat_optimizer(settings) -> None:
+    """--shard-optimizer and --reduce-after-backward run their own AdamW update and replace
+    DDP's buckets: one of them at a time."""
+    flag = "--shard-optimizer" if settings.shard_optimizer else "--reduce-after-backward"
+    if settings.shard_optimizer and settings.reduce_after_backward:
+        raise UsageError("--shard-optimizer and --reduce-after-backward each replace DDP (sharded "
+                         "or not): pick one")
     if settings.optimizer in ("foreach", "fused"):
-        raise UsageError(f"--shard-optimizer updates each GPU's slice of the weights with its own "
-                         f"AdamW step, not torch's {settings.optimizer} one: drop --optimizer "
+        raise UsageError(f"{flag} updates the weights with its own flat AdamW step, not "
+                         f"torch's {settings.optimizer} one: drop --optimizer "
                          f"{settings.optimizer} (or use --optimizer master)")
     replaced = changed_flags(settings, DDP_KNOBS)
     if replaced:
-        raise _unread_knobs(replaced, "DDP", "which --shard-optimizer replaces")
+        raise _unread_knobs(replaced, "DDP", f"which {flag} replaces")
 
 
 def _unread_knobs(flags: list[str], wrapper: str, why: str) -> UsageError:
@@ -182,7 +215,7 @@ def check_knobs(settings, under_torchrun: bool) -> None:
             print(f"note: {', '.join(ignored)} only act under torchrun; ignored in "
                   f"this single-process run", file=sys.stderr)
         return
-    wrong = ddp_set + changed_flags(settings, SHARD_KNOB) if settings.fsdp else fsdp_set
+    wrong = ddp_set + changed_flags(settings, FLAT_KNOBS) if settings.fsdp else fsdp_set
     if wrong:
         raise _unread_knobs(wrong, "DDP" if settings.fsdp else "FSDP2 (--fsdp)",
                             f"but this run uses {'FSDP2' if settings.fsdp else 'DDP'}")
@@ -271,10 +304,11 @@ class DataParallel(SingleProcess):
             "processes_per_node": local_size,
             "per_device_batch_size": settings.batch_size, "grad_accum": settings.grad_accum,
             "global_batch_size": settings.batch_size * settings.grad_accum * self.world_size,
-            **({"bucket_cap_mb": None if self.shard_optimizer else self.bucket_mb,
+            **({"bucket_cap_mb": None if self.flat_optimizer else self.bucket_mb,
                 "comm_hook": self.comm_hook,
                 "compile_ddp": self.compile_ddp, "static_graph": self.static_graph,
-                "shard_optimizer": self.shard_optimizer}
+                "shard_optimizer": self.shard_optimizer,
+                "reduce_after_backward": self.reduce_after_backward}
                if self.kind == "ddp" else
                {"reshard_after_forward": self.reshard_after_forward,
                 "param_dtype": self.param_dtype}),
@@ -293,7 +327,7 @@ class DataParallel(SingleProcess):
         for p in trained:
             numel_by_dtype[p.dtype] += p.numel()
         self.gradient_dtype = max(numel_by_dtype, key=numel_by_dtype.get, default=torch.float32)
-        if self.shard_optimizer:
+        if self.flat_optimizer:
             return self._flatten_for_sharding(model)
         if self.kind == "ddp":
             return self._wrap_ddp(model)
@@ -322,10 +356,12 @@ class DataParallel(SingleProcess):
     def check_precision(self, precision: str) -> None:
         """fp16's loss scaler skips a step where its rank's gradients overflow: under DDP every
         rank sees the same averaged gradients, but a sharded optimizer's ranks would decide
-        apart, and one would wait in a reduce-scatter the other never joins."""
-        if self.shard_optimizer and precision == "fp16":
-            raise UsageError("--shard-optimizer does not run with fp16 loss scaling (each GPU "
-                             "would skip overflowing steps on its own): use --precision bf16 or fp32")
+        apart, and one would wait in a reduce-scatter the other never joins (the flat
+        optimizer's scaler, unsharded, would check the gradients before they are averaged)."""
+        if self.flat_optimizer and precision == "fp16":
+            flag = "--shard-optimizer" if self.shard_optimizer else "--reduce-after-backward"
+            raise UsageError(f"{flag} does not run with fp16 loss scaling (each GPU would skip "
+                             f"overflowing steps on its own): use --precision bf16 or fp32")
 
     def _wrap_ddp(self, model):
         from torch.nn.parallel import DistributedDataParallel
@@ -383,7 +419,7 @@ class DataParallel(SingleProcess):
 
     def no_sync(self, model, micro_step):
         """Gradient accumulation: communicate only on the last micro-step."""
-        if micro_step == self.grad_accum - 1 or self.shard_optimizer:  # it syncs in its step
+        if micro_step == self.grad_accum - 1 or self.flat_optimizer:  # it syncs in its step
             return contextlib.nullcontext()
         return model.no_sync() if self.kind == "ddp" else _fsdp_no_sync(model)
 
@@ -394,7 +430,7 @@ class DataParallel(SingleProcess):
         return total / self.world_size
 
     def check_gradient_flow(self, model) -> int:
-        if self.shard_optimizer:  # each rank's own gradients, whole (the optimizer averages them)
+        if self.flat_optimizer:  # each rank's own gradients, whole (the optimizer averages them)
             return measure.check_gradient_flow(model)
         if self.kind == "ddp":
             # After the all-reduce every replica holds the full averaged gradient.
@@ -488,7 +524,8 @@ def measure_communication(group, reps: int = 10) -> dict:
     the weights (forward and backward) and one reduce-scatter of the gradients.
     --shard-optimizer: one reduce-scatter of the flat gradients and one
     all-gather of the weights (the flat weights' dtype), each timed at its full
-    size (the step moves them in pieces).
+    size (the step moves them in pieces). --reduce-after-backward: one all-reduce
+    of the flat gradients in the dtype they travel in, at its full size.
     This is the cost if nothing overlapped; DDP runs it beside the backward, and
     what the step pays for it shows as (multi-GPU step - 1-GPU step):
     `python -m analysis_tools scaling` prints both.
@@ -501,16 +538,16 @@ def measure_communication(group, reps: int = 10) -> dict:
             group.gradient_dtype if ddp else torch.float32)
     # DDP fills its buckets in the gradients' own dtype; a hook converts each bucket after.
     held = (group.gradient_dtype if ddp else torch.float32).itemsize
-    if group.shard_optimizer:
-        # one reduce-scatter of the flat gradients and one all-gather of the weights, whole
-        # (with master weights, the fp32 embeddings' and norms' small all-reduce is left out)
-        numel, buckets, wire = group.flat.numel(), 1, group.flat.dtype
+    if group.flat_optimizer:
+        # the flat gradients and (sharded) weights, whole (with master weights, the fp32
+        # embeddings' and norms' small all-reduce is left out)
+        numel, buckets, wire = group.flat.numel(), 1, group.wire
     else:
         numel = min(group.gradient_numel, int((group.bucket_mb if ddp else BUCKET_MB) * 2**20 // held))
         numel = max(n, numel - numel % n)  # divisible by n for all-gather / reduce-scatter
         buckets = math.ceil(group.gradient_numel / numel)
     full = torch.ones(numel, device=group.device, dtype=wire)
-    if ddp and not group.shard_optimizer:
+    if ddp and not group.shard_optimizer:  # DDP's buckets, or --reduce-after-backward's one
         ops = {"all_reduce": _time(group, lambda: group.dist.all_reduce(full), reps)}
         per_step = ops["all_reduce"] * buckets
     else:

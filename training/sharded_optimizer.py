@@ -31,6 +31,14 @@ each rank keeps the fp32 masters of its slices only; the fp32 parameters outside
 updated on every rank, as before. The maths is that of DDP with the same optimizer: the
 gradients are averaged over the ranks (NCCL averages as it reduces; gloo divides by N and
 sums, as DDP does), then the same AdamW update (tests/test_distributed.py compares the two).
+
+--reduce-after-backward runs the same flat update unsharded (shard=False): every rank updates
+all the weights, so no weight is gathered; each piece of the gradients is all-reduced, and
+updated as soon as its all-reduce lands while NCCL reduces the next. Where the weights are
+fp32 (plain --compile) that is what pays: sharded, the all-gather would move fp32 weights,
+twice the bytes of the bf16 gradients it replaces. Under bf16 autocast the gradients travel
+in bf16 (`wire`): the linear layers' weight gradients come out of bf16 matrix products, so
+only their sum is rounded, and the all-reduce moves half the bytes of fp32.
 """
 from __future__ import annotations
 
@@ -81,10 +89,13 @@ class ShardedAdamW(torch.optim.Optimizer):
     master}, of which only this rank's slices are kept; None when the flat weights are fp32
     and their own masters. `dist` is torch.distributed with its process group initialised,
     or None for one process: one piece, the whole model, and nothing to send (the 1-GPU
-    baseline of the sharded runs, the same update code)."""
+    baseline of the sharded runs, the same update code). shard=False: every rank updates
+    every piece after its all-reduce (--reduce-after-backward), the gradients sent as `wire`
+    (default: the weights' dtype)."""
 
     def __init__(self, params, flat: torch.Tensor, flat_params: list, masters: dict | None, dist,
-                 lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
+                 lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 shard: bool = True, wire: torch.dtype | None = None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.dist, self.flat_params = dist, flat_params
         self.used = sum(p.numel() for p in flat_params)  # the flat buffer past it is padding
@@ -97,14 +108,18 @@ class ShardedAdamW(torch.optim.Optimizer):
         # the fp32 parameters beside bf16 flat weights: updated whole on every rank
         self.others = [p for group in self.param_groups for p in group["params"]
                        if p.requires_grad and id(p) not in flat_ids]
-        mine = owned_slices(flat.numel(), self.world, self.chunks, rank)
+        self.shard = shard and dist is not None
+        mine = owned_slices(flat.numel(), self.world if self.shard else 1, self.chunks,
+                            rank if self.shard else 0)
         share = mine[0].stop - mine[0].start
         self.weight_chunks = list(flat.chunk(self.chunks))  # what each all-gather fills
         self.weight_slices = [flat[s] for s in mine]  # views: the update writes the model
-        self.grads = torch.zeros_like(flat)
+        # with nothing to send, nothing is rounded for the wire
+        self.grads = torch.zeros_like(flat, dtype=wire if dist and wire else flat.dtype)
         self.grad_chunks = list(self.grads.chunk(self.chunks))
-        self.grad_shards = (list(torch.empty(self.chunks * share, dtype=flat.dtype, device=flat.device)
-                                 .split(share)) if dist else self.grad_chunks)
+        self.grad_shards = (list(torch.empty(self.chunks * share, dtype=self.grads.dtype,
+                                             device=flat.device).split(share))
+                            if self.shard else self.grad_chunks)
         if masters is None:  # fp32 weights: each slice is its own master
             self.master_shards, self.copies = self.weight_slices, [[] for _ in mine]
         else:
@@ -136,7 +151,11 @@ class ShardedAdamW(torch.optim.Optimizer):
     def _op(self):
         return self.dist.ReduceOp.AVG if self.average else self.dist.ReduceOp.SUM
 
-    def _reduce_scatter(self, k):
+    def _reduce(self, k):
+        """Piece k's gradients averaged into grad_shards[k]: this rank's slice (sharded), or
+        all of them (in place)."""
+        if not self.shard:
+            return self.dist.all_reduce(self.grad_chunks[k], op=self._op(), async_op=True)
         return self.dist.reduce_scatter_tensor(self.grad_shards[k], self.grad_chunks[k], op=self._op(),
                                                async_op=True)
 
@@ -156,18 +175,18 @@ class ShardedAdamW(torch.optim.Optimizer):
             averaged = self.dist.all_reduce(small, op=self._op(), async_op=True) if small is not None else None
             # NCCL runs its collectives in the order they are issued: reduce-scatter k + 1
             # goes ahead of all-gather k, so NCCL has work while piece k is updated
-            scattered = [self._reduce_scatter(k) for k in range(min(2, self.chunks))]
+            scattered = [self._reduce(k) for k in range(min(2, self.chunks))]
         gathered = []
         for k in range(self.chunks):
             if scattered[k] is not None:
                 scattered[k].wait()  # on NCCL the compute stream waits, not the host
             self._adamw([self.master_shards[k]], [self.grad_shards[k]],
                         [[m[k]] for m in self.moments], self.copies[k], self.step_counts[k])
-            if self.dist is not None:  # every rank's updated slice of piece k to every rank
+            if self.shard:  # every rank's updated slice of piece k to every rank
                 gathered.append(self.dist.all_gather_into_tensor(
                     self.weight_chunks[k], self.weight_slices[k], async_op=True))
-                if k + 2 < self.chunks:
-                    scattered.append(self._reduce_scatter(k + 2))
+            if self.dist is not None and k + 2 < self.chunks:
+                scattered.append(self._reduce(k + 2))
         if self.others:  # the fp32 parameters beside: averaged whole on every rank, then updated
             if averaged is not None:
                 averaged.wait()
