@@ -332,9 +332,9 @@ def test_master_weights_under_torchrun_shard_the_optimizer_unless_ddp_is_asked_f
 
 
 def test_compiled_fp32_weights_under_torchrun_reduce_after_backward_unless_ddp_is_asked_for(monkeypatch):
-    """Compiled with fp32 weights and bf16 autocast, DDP cuts the model into a graph piece per
-    bucket, and reducing after the backward scales better (docs/MULTI_GPU.md): that is the
-    default there over several processes, and only there."""
+    """Compiled without graphs, with fp32 weights and bf16 autocast, DDP cuts the model into
+    graph pieces the host launches, and reducing after the backward scales better
+    (docs/MULTI_GPU.md): that is the default there over several processes, and only there."""
     from training.cli import build_parser, settings_from_args
 
     def reduced(*argv):
@@ -351,6 +351,7 @@ def test_compiled_fp32_weights_under_torchrun_reduce_after_backward_unless_ddp_i
     # the sharded optimizer (master weights' default, or asked for), DDP's knobs, FSDP2, torch's
     # own AdamW, fp16 or fp32 gradients (the CPU's default precision): not on its own
     for asked in (("--optimizer", "master"), ("--shard-optimizer",), ("--ddp-bucket-mb", "50"),
+                  ("--compile-mode", "reduce-overhead"),
                   ("--fsdp",), ("--optimizer", "fused"), ("--precision", "fp16"),
                   ("--precision", "fp32")):
         assert not reduced(*compiled, *asked), asked

@@ -106,9 +106,10 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "bf16 autocast), a piece at a time, each piece's AdamW update running "
                         "while the next piece is reduced; every GPU updates all the weights; "
                         "not with --optimizer foreach/fused. Default: on under torchrun with "
-                        "--compile, fp32 weights and bf16 (where DDP cuts the compiled model "
-                        "into a graph piece per bucket), unless DDP's knobs, --fsdp or "
-                        "--shard-optimizer are asked for; --no-reduce-after-backward keeps DDP")
+                        "--compile without CUDA graphs, fp32 weights and bf16 (where DDP cuts "
+                        "the compiled model into graph pieces the host launches), unless DDP's "
+                        "knobs, --fsdp or --shard-optimizer are asked for; "
+                        "--no-reduce-after-backward keeps DDP")
     t.add_argument("--fsdp-reshard-after-forward", choices=("true", "false"), default="true",
                    help="FSDP2: free each block's gathered weights after forward (true, less "
                         "memory) or keep them for backward (false, one all-gather fewer)")

@@ -28,7 +28,8 @@ Knobs (docs/MULTI_GPU.md, "Tuning DDP"): --ddp-bucket-mb, --ddp-comm-hook,
 (training/sharded_optimizer.py) replaces DDP with a sharded optimizer: the default with
 --optimizer master (sharded_by_default), --no-shard-optimizer keeps DDP. --reduce-after-backward
 replaces DDP with the same flat optimizer unsharded, the gradients all-reduced after the
-backward: the default under --compile with fp32 weights (reduced_after_backward_by_default).
+backward: the default compiled without graphs, with fp32 weights
+(reduced_after_backward_by_default).
 
 After training, each rank times the step's collectives alone
 (measure_communication, at the end of this file) and rank 0 records them with the results. The scaling
@@ -96,9 +97,9 @@ class SingleProcess:
                          else self.flat_dtype)
 
     def wrap(self, model, settings):
-        return self._flatten_for_sharding(model) if self.flat_optimizer else model
+        return self._flatten(model) if self.flat_optimizer else model
 
-    def _flatten_for_sharding(self, model):
+    def _flatten(self, model):
         """The flat optimizer: no DDP wrapper; the weights become views of one flat buffer
         (training/sharded_optimizer.py), and every rank starts from rank 0's weights, as
         DDP would make it."""
@@ -162,11 +163,12 @@ def sharded_by_default(settings) -> bool:
 
 def reduced_after_backward_by_default(settings) -> bool:
     """--reduce-after-backward's default: on for data parallelism over several processes under
-    --compile with fp32 weights and bf16 autocast, where DDP cuts the compiled model into a
-    graph piece per bucket and scales worse (docs/MULTI_GPU.md, the scaling table); off where
-    the run shards its optimizer or asks for what it does not do: DDP's knobs, FSDP2,
-    torch's foreach/fused AdamW. --no-reduce-after-backward keeps DDP."""
+    --compile without CUDA graphs, with fp32 weights and bf16 autocast, where DDP cuts the
+    compiled model into graph pieces the host launches and scales worse (docs/MULTI_GPU.md,
+    the scaling table); off where the run shards its optimizer or asks for what it does not
+    do: DDP's knobs, FSDP2, torch's foreach/fused AdamW. --no-reduce-after-backward keeps DDP."""
     return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and settings.compile
+            and settings.compile_mode not in CUDA_GRAPH_MODES
             and settings.optimizer == "default" and _precision(settings) == "bf16"
             and not settings.shard_optimizer and not settings.fsdp
             and not changed_flags(settings, DDP_KNOBS))
@@ -328,7 +330,7 @@ class DataParallel(SingleProcess):
             numel_by_dtype[p.dtype] += p.numel()
         self.gradient_dtype = max(numel_by_dtype, key=numel_by_dtype.get, default=torch.float32)
         if self.flat_optimizer:
-            return self._flatten_for_sharding(model)
+            return self._flatten(model)
         if self.kind == "ddp":
             return self._wrap_ddp(model)
         if not hasattr(model, "layers"):
