@@ -131,6 +131,18 @@ def _ddp(flags: tuple) -> tuple:
     return (*flags, "--no-reduce-after-backward") if compiled_ddp else flags
 
 
+def _flat_rows(version: str, mode: str, words: str, flags: tuple, flag: str) -> list[Row]:
+    """A flat optimizer's rows (training/sharded_optimizer.py, `flag` names it) on 1, 2 and 4
+    GPUs; the 1-GPU row runs the same flat AdamW update with nothing to send, so that the
+    efficiency is the data parallelism's alone."""
+    name, chosen = flag[2:].replace("-", "_"), (*BF16, *flags, flag)
+    one = f"{version}_{mode}_1gpu_{name}"
+    return [Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU, `{flag}`", version, chosen,
+                env=("OMP_NUM_THREADS=1",)),
+            *(Row("scaling", f"{version}_{mode}_ddp{n}_{name}", "scaling", f"{version.upper()} {words}, x{n}, `{flag}`",
+                  version, chosen, gpus=n, baseline=one) for n in (2, 4))]
+
+
 def _scaling() -> list[Row]:
     """Every version in the two modes the workshop publishes, on 1, 2 and 4 GPUs (the
     medium preset's batch per GPU, so N GPUs do N times the work), FSDP2 beside DDP, the
@@ -175,25 +187,12 @@ def _scaling() -> list[Row]:
     for version in ("v1", "v2", "v3", "v4"):
         modes = v4_modes if version == "v4" else {"best": SCALING_MODES["best"]}
         for mode, (words, flags) in modes.items():
-            sharded = (*BF16, *flags, "--shard-optimizer")
-            one = f"{version}_{mode}_1gpu_shard_optimizer"
-            rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU, `--shard-optimizer`",
-                            version, sharded, env=("OMP_NUM_THREADS=1",)))
-            rows += [Row("scaling", f"{version}_{mode}_ddp{n}_shard_optimizer", "scaling",
-                         f"{version.upper()} {words}, x{n}, `--shard-optimizer`", version, sharded, gpus=n,
-                         baseline=one) for n in (2, 4)]
+            rows += _flat_rows(version, mode, words, flags, "--shard-optimizer")
     # Compiled with fp32 weights, the default over several GPUs: no DDP, the gradients
     # all-reduced in bf16 after the backward and each piece updated as it lands, in one
-    # compiled graph; its baseline runs the same flat AdamW update on one GPU
-    words, flags = SCALING_MODES["compile"]
-    after = (*BF16, *flags, "--reduce-after-backward")
+    # compiled graph
     for version in ("v1", "v2", "v3", "v4"):
-        one = f"{version}_compile_1gpu_reduce_after_backward"
-        rows.append(Row("scaling", one, "scaling", f"{version.upper()} {words}, 1 GPU, `--reduce-after-backward`",
-                        version, after, env=("OMP_NUM_THREADS=1",)))
-        rows += [Row("scaling", f"{version}_compile_ddp{n}_reduce_after_backward", "scaling",
-                     f"{version.upper()} {words}, x{n}, `--reduce-after-backward`", version, after, gpus=n,
-                     baseline=one) for n in (2, 4)]
+        rows += _flat_rows(version, "compile", *SCALING_MODES["compile"], "--reduce-after-backward")
     levers = {  # name: (label, flags), each on V4 compiled x2
         "ddp2_bucket25": ("DDP x2, `--ddp-bucket-mb 25`", ("--ddp-bucket-mb", "25")),
         "ddp2_whole": ("DDP x2, `--compile-ddp whole`", ("--compile-ddp", "whole")),

@@ -750,31 +750,31 @@ def test_flat_optimizer_refuses_fp16_loss_scaling(group_of_one, flag):
 def test_master_weights_under_ddp_match_one_process(tmp_path, shard):
     """2 gloo ranks x 4 rows with bf16 weights and fp32 masters = 1 process x 8 rows, under
     DDP and with the optimizer sharded (each rank updating half of the flat bf16 weights)."""
-    flags = ["--precision", "bf16", "--optimizer", "master", "--grad-accum", "1",
-             "--shard-optimizer" if shard else "--no-shard-optimizer"]
+    result, single = two_ranks_and_one("--optimizer", "master",
+                                       "--shard-optimizer" if shard else "--no-shard-optimizer",
+                                       tmp_path=tmp_path)
+    assert result["run"]["optimizer"] == "master" and result["run"]["world_size"] == 2
+    assert result["distributed"]["shard_optimizer"] is shard
+    # The averaged gradient is rounded to bf16 (two ranks' halves, then their mean).
+    assert result["losses"] == pytest.approx(single["losses"], rel=1e-3)
+
+
+def two_ranks_and_one(*flags, tmp_path):
+    """V4 in bf16 with `flags`: (the results of 2 gloo ranks x 4 rows, of 1 process x 8 rows)."""
+    flags = ["--precision", "bf16", "--grad-accum", "1", *flags]
     v4 = Path(load_version("v4").__file__).relative_to(REPO)
     single = tmp_path / "single.json"
     proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())
     assert proc.returncode == 0, proc.stderr
     torchrun(tmp_path / "out", *flags, script=v4)
-    result = json.loads((tmp_path / "out" / "run.json").read_text())
-    assert result["run"]["optimizer"] == "master" and result["run"]["world_size"] == 2
-    assert result["distributed"]["shard_optimizer"] is shard
-    # The averaged gradient is rounded to bf16 (two ranks' halves, then their mean).
-    assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)
+    return (json.loads((tmp_path / "out" / "run.json").read_text()), json.loads(single.read_text()))
 
 
 @pytest.mark.slow  # ~17 s, two ranks: make test-slow
 def test_reduce_after_backward_matches_one_process(tmp_path):
     """2 gloo ranks x 4 rows with fp32 weights, the gradients all-reduced in bf16 after the
     backward, piece by piece = 1 process x 8 rows, to bf16's rounding of the mean."""
-    flags = ["--precision", "bf16", "--grad-accum", "1", "--reduce-after-backward"]
-    v4 = Path(load_version("v4").__file__).relative_to(REPO)
-    single = tmp_path / "single.json"
-    proc = run_cli([v4, *STEPS, *flags, "--batch-size", "8", "--output", single], env=clean_env())
-    assert proc.returncode == 0, proc.stderr
-    torchrun(tmp_path / "out", *flags, script=v4)
-    result = json.loads((tmp_path / "out" / "run.json").read_text())
+    result, single = two_ranks_and_one("--reduce-after-backward", tmp_path=tmp_path)
     assert result["distributed"]["reduce_after_backward"] is True
     assert result["distributed"]["shard_optimizer"] is False
-    assert result["losses"] == pytest.approx(json.loads(single.read_text())["losses"], rel=1e-3)
+    assert result["losses"] == pytest.approx(single["losses"], rel=1e-3)
