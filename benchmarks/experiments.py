@@ -226,6 +226,13 @@ def _scaling() -> list[Row]:
     # and FSDP2's: how much of its gathering and scattering the step pays in full
     rows.append(Row("scaling", "v4_compile_fsdp2_profiled", "scaling-overlap", "V4 compiled, FSDP2 x2", "v4",
                     (*BF16, "--compile", "--fsdp", "--profile", "pytorch"), gpus=2, baseline="v4_compile_1gpu"))
+    # and the compiled default's: its all-reduce after the backward, beside the update
+    after = (*BF16, "--compile", "--reduce-after-backward", "--profile", "pytorch")
+    one = "v4_compile_1gpu_reduce_after_backward_profiled"
+    rows += [Row("scaling", one, "scaling-overlap", "V4 compiled, 1 GPU, `--reduce-after-backward`", "v4", after,
+                 env=("OMP_NUM_THREADS=1",)),
+             Row("scaling", "v4_compile_ddp2_reduce_after_backward_profiled", "scaling-overlap",
+                 "V4 compiled, x2, `--reduce-after-backward`", "v4", after, gpus=2, baseline=one)]
     return rows
 
 

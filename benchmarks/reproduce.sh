@@ -2,7 +2,7 @@
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
 #   bash benchmarks/reproduce.sh                  # every step, about 40 minutes on an H200
-#                                                 # (scaling, on 2+ GPUs only: about 52 more)
+#                                                 # (scaling, on 2+ GPUs only: about 54 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
 #   bash benchmarks/reproduce.sh --quick          # CPU smoke test: tiny preset, a few rows, ~1 min
@@ -73,7 +73,7 @@ describe_step() {
         fusion)         echo "~4.5 min  fusion/: V3's fusions each on and off, V2 with each fusion switched off, V4 without the fused gate/up GEMM" ;;
         blocks)         echo "~0.6 min  blocks/: V3 flash-attention block sizes against the autotuned pick" ;;
         sdpa)           echo "~0.5 min  sdpa/: V4 medium with each SDPA backend" ;;
-        scaling)        echo "~52 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, V4 at the large preset, the DDP and FSDP2 levers, every version at its best with the optimizer sharded (the default with master weights; DDP there is a lever row), every version compiled with the all-reduce after the backward (the default compiled with fp32 weights; DDP there is a lever row too), V4 compiled and compiled with master weights sharded too (and DDP compiled with master weights), V4 profiled on 1 GPU and x2 under DDP and FSDP2 (overlap); skipped below 2 GPUs" ;;
+        scaling)        echo "~54 min   scaling/: every version compiled and at its best on 1 GPU and under DDP on 2 (and 4) GPUs, FSDP2 x2, V4 at the large preset, the DDP and FSDP2 levers, every version at its best with the optimizer sharded (the default with master weights; DDP there is a lever row), every version compiled with the all-reduce after the backward (the default compiled with fp32 weights; DDP there is a lever row too), V4 compiled and compiled with master weights sharded too (and DDP compiled with master weights), V4 profiled on 1 GPU and x2 under DDP, FSDP2 and the all-reduce after the backward (overlap); skipped below 2 GPUs" ;;
         compare-large)  echo "~4.3 min  compare_large.json: V1, V3 and V4 at their best (graphs + master weights) and the compiled HF peer, large preset (~1 B parameters, 32k vocabulary; needs a 64+ GiB GPU)" ;;
         switches)       echo "~9 min    switches/: V3 large at its best (fused linear + CE on, its default there) with it off, with each recomputation (RoPE, SwiGLU, norms) and all three, each against the memory model's prediction (needs a 64+ GiB GPU)" ;;
         flops)          echo "~1.4 min  flops/vN/: DeepSpeed's FLOPS profiler and FlopCounterMode against the formula, V1..V4, small preset" ;;
