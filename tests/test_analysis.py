@@ -501,6 +501,9 @@ def test_regress_reads_a_setting_older_results_lack_as_its_value_then(v1):
     on["run"]["shard_optimizer"] = True
     on["distributed"]["shard_optimizer"] = True
     assert row_key(old) == row_key(off) != row_key(on)
+    on["run"]["shard_optimizer"] = on["distributed"]["shard_optimizer"] = False
+    on["run"]["reduce_after_backward"] = on["distributed"]["reduce_after_backward"] = True
+    assert row_key(old) != row_key(on)  # and so for the all-reduce after the backward
 
 
 @pytest.mark.parametrize("name", ["compare_medium.json", "compare_small.json", "compare_large.json"])

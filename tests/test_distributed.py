@@ -510,7 +510,8 @@ def test_scaling_table_names_each_variant():
     runs = []
     for extra in ({}, {"bucket_cap_mb": 100.0, "comm_hook": "bf16", "compile_ddp": "whole"},
                   {"static_graph": True, "env": {"NCCL_MAX_NCHANNELS": "4"}, "comm_priority": "normal"},
-                  {"shard_optimizer": True, "bucket_cap_mb": 25}):
+                  {"shard_optimizer": True, "bucket_cap_mb": 25},
+                  {"reduce_after_backward": True, "bucket_cap_mb": None}):
         run = fake_result(2, 1800.0, 11.1)
         run["distributed"] = {"kind": "ddp", "comm_priority": "high", **extra}  # as runs record it
         runs.append(run)
@@ -524,7 +525,7 @@ def test_scaling_table_names_each_variant():
     assert [r["variant"] for r in rows] == [
         "bucket 25 MB, graph split per bucket", "bucket 100 MB, bf16 all-reduce, one graph",
         "bucket 25 MB, graph split per bucket, normal-priority comm stream, static graph, NCCL <= 4 channels",
-        "sharded optimizer (reduce-scatter + all-gather)"]
+        "sharded optimizer (reduce-scatter + all-gather)", "all-reduce after backward"]
     single["run"]["compile"] = False
     for r in runs:
         r["run"]["compile"] = False
