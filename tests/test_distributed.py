@@ -323,6 +323,7 @@ def test_master_weights_under_torchrun_shard_the_optimizer_unless_ddp_is_asked_f
     as_if_under_torchrun(monkeypatch)
     assert sharded(*master) and not sharded() and not sharded("--optimizer", "fused")
     assert not sharded(*master, "--no-shard-optimizer")
+    assert not sharded(*master, "--reduce-after-backward")  # the other flat optimizer, asked for
     # what it does not do: DDP's knobs and FSDP2 get the wrapper they configure, fp16 DDP
     for asked in (("--ddp-bucket-mb", "50"), ("--ddp-static-graph",), ("--fsdp",),
                   ("--precision", "fp16")):

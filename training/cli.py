@@ -99,8 +99,8 @@ def build_parser(version: str, description: str, add_arguments=None,
                         "(with --optimizer master: of the fp32 masters), all-gather the weights "
                         "(ZeRO stage 1); not with --optimizer foreach/fused. Default: on under "
                         "torchrun with --optimizer master (where it scales better than DDP), "
-                        "unless DDP's knobs, --fsdp or fp16 are asked for; "
-                        "--no-shard-optimizer keeps DDP")
+                        "unless DDP's knobs, --fsdp, fp16 or --reduce-after-backward are asked "
+                        "for; --no-shard-optimizer keeps DDP")
     t.add_argument("--reduce-after-backward", action=argparse.BooleanOptionalAction, default=None,
                    help="in place of DDP: all-reduce the gradients after backward (in bf16 under "
                         "bf16 autocast), a piece at a time, each piece's AdamW update running "

@@ -93,8 +93,8 @@ class SingleProcess:
             # the flat buffer holds the weights the optimizer steps: bf16 with master weights
             self.flat_dtype = torch.bfloat16 if settings.optimizer == "master" else torch.float32
             # the gradients on the wire: unsharded under bf16 autocast, bf16 (sharded_optimizer.py)
-            self.wire = (torch.bfloat16 if self.reduce_after_backward and _precision(settings) == "bf16"
-                         else self.flat_dtype)
+            unsharded_bf16 = self.reduce_after_backward and _precision(settings) == "bf16"
+            self.wire = torch.bfloat16 if unsharded_bf16 else self.flat_dtype
 
     def wrap(self, model, settings):
         return self._flatten(model) if self.flat_optimizer else model
@@ -151,14 +151,21 @@ def changed_flags(settings, knobs: dict) -> list[str]:
     return [flag for name, flag in knobs.items() if getattr(settings, name) != DEFAULTS[name]]
 
 
+def _flat_by_default(settings) -> bool:
+    """What both flat optimizers' defaults ask: data parallelism over several processes, and
+    neither DDP's knobs, FSDP2 nor the other flat optimizer asked for."""
+    return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and not settings.fsdp
+            and not (settings.shard_optimizer or settings.reduce_after_backward)
+            and not changed_flags(settings, DDP_KNOBS))
+
+
 def sharded_by_default(settings) -> bool:
     """--shard-optimizer's default: on for data parallelism over several processes with master
     weights (--optimizer master), where it scales better than DDP (docs/MULTI_GPU.md, the
     scaling table); off where the run asks for what it does not do: DDP's knobs, FSDP2, fp16
-    loss scaling. --no-shard-optimizer keeps DDP."""
-    return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1
-            and settings.optimizer == "master" and not settings.fsdp
-            and settings.precision != "fp16" and not changed_flags(settings, DDP_KNOBS))
+    loss scaling, --reduce-after-backward. --no-shard-optimizer keeps DDP."""
+    return (_flat_by_default(settings) and settings.optimizer == "master"
+            and settings.precision != "fp16")
 
 
 def reduced_after_backward_by_default(settings) -> bool:
@@ -167,11 +174,9 @@ def reduced_after_backward_by_default(settings) -> bool:
     compiled model into graph pieces the host launches and scales worse (docs/MULTI_GPU.md,
     the scaling table); off where the run shards its optimizer or asks for what it does not
     do: DDP's knobs, FSDP2, torch's foreach/fused AdamW. --no-reduce-after-backward keeps DDP."""
-    return (launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and settings.compile
+    return (_flat_by_default(settings) and settings.compile
             and settings.compile_mode not in CUDA_GRAPH_MODES
-            and settings.optimizer == "default" and _precision(settings) == "bf16"
-            and not settings.shard_optimizer and not settings.fsdp
-            and not changed_flags(settings, DDP_KNOBS))
+            and settings.optimizer == "default" and _precision(settings) == "bf16")
 
 
 def _precision(settings) -> str:
@@ -182,7 +187,7 @@ def _precision(settings) -> str:
 def _check_flat_optimizer(settings) -> None:
     """--shard-optimizer and --reduce-after-backward run their own AdamW update and replace
     DDP's buckets: one of them at a time."""
-    flag = "--shard-optimizer" if settings.shard_optimizer else "--reduce-after-backward"
+    flag = FLAT_KNOBS["shard_optimizer" if settings.shard_optimizer else "reduce_after_backward"]
     if settings.shard_optimizer and settings.reduce_after_backward:
         raise UsageError("--shard-optimizer and --reduce-after-backward each replace DDP (sharded "
                          "or not): pick one")
@@ -361,7 +366,8 @@ class DataParallel(SingleProcess):
         apart, and one would wait in a reduce-scatter the other never joins (the flat
         optimizer's scaler, unsharded, would check the gradients before they are averaged)."""
         if self.flat_optimizer and precision == "fp16":
-            flag = "--shard-optimizer" if self.shard_optimizer else "--reduce-after-backward"
+            flag = FLAT_KNOBS["shard_optimizer" if self.shard_optimizer
+                              else "reduce_after_backward"]
             raise UsageError(f"{flag} does not run with fp16 loss scaling (each GPU would skip "
                              f"overflowing steps on its own): use --precision bf16 or fp32")
 
