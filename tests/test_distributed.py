@@ -686,6 +686,25 @@ def test_flat_optimizer_steps_as_the_optimizer_it_replaces(group_of_one, device,
         assert set(comm["ms_per_bucket"]) == sent and comm["buckets"] == 1
 
 
+@pytest.mark.parametrize("sizes, pieces", [([5, 3, 9, 1], 4), ([20], 3), ([2, 2], 4), ([7, 1, 4], 1)])
+def test_piece_parts_fill_each_piece_in_order_and_leave_only_padding(sizes, pieces):
+    """--reduce-after-backward copies each piece's gradients just before its all-reduce: the
+    ranges of each piece, laid end to end, are the flat buffer itself, every element once."""
+    from training.sharded_optimizer import piece_parts
+
+    piece = -(-sum(sizes) // pieces) + 1  # room for padding
+    parts = piece_parts(sizes, pieces, piece)
+    assert len(parts) == pieces
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    laid = [offsets[i] + j for part in parts for i, a, b in part for j in range(a, b)]
+    assert laid == list(range(sum(sizes)))
+    for k, part in enumerate(parts):  # each piece starts at its boundary and stays inside it
+        if part:
+            i, a, _ = part[0]
+            assert offsets[i] + a == k * piece
+            assert sum(b - a for _, a, b in part) <= piece
+
+
 def test_flat_weights_are_padded_to_the_ranks_and_keep_each_weight():
     from harness.master_weights import split_master_weights
     from training.sharded_optimizer import CHUNKS, flatten_parameters

@@ -33,8 +33,9 @@ gradients are averaged over the ranks (NCCL averages as it reduces; gloo divides
 sums, as DDP does), then the same AdamW update (tests/test_distributed.py compares the two).
 
 --reduce-after-backward runs the same flat update unsharded (shard=False): every rank updates
-all the weights, so no weight is gathered; each piece of the gradients is all-reduced, and
-updated as soon as its all-reduce lands while NCCL reduces the next. Where the weights are
+all the weights, so no weight is gathered; each piece of the gradients is copied into the flat
+buffer and sent at once, so the first all-reduce starts while the other pieces are copied, and
+each piece is updated as soon as its all-reduce lands while NCCL reduces the next. Where the weights are
 fp32 (plain --compile) that is what pays: sharded, the all-gather would move fp32 weights,
 twice the bytes of the bf16 gradients it replaces. Under bf16 autocast the gradients travel
 in bf16 (`wire`): the linear layers' weight gradients come out of bf16 matrix products, so
@@ -61,6 +62,23 @@ def owned_slices(numel: int, world_size: int, chunks: int, rank: int) -> list[sl
     piece = numel // chunks
     share = piece // world_size
     return [slice(k * piece + rank * share, k * piece + (rank + 1) * share) for k in range(chunks)]
+
+
+def piece_parts(sizes: list[int], pieces: int, piece: int) -> list[list[tuple[int, int, int]]]:
+    """A flat buffer laid out from tensors of `sizes` elements and cut into `pieces` pieces of
+    `piece` elements: for each piece, the (tensor index, start, stop) ranges that fill it, in
+    order. A tensor that straddles a boundary fills the end of one piece and the start of the
+    next; what no tensor fills is padding."""
+    parts, offset = [[] for _ in range(pieces)], 0
+    for i, size in enumerate(sizes):
+        start = 0
+        while start < size:
+            k = (offset + start) // piece
+            stop = min(size, (k + 1) * piece - offset)
+            parts[k].append((i, start, stop))
+            start = stop
+        offset += size
+    return parts
 
 
 def flatten_parameters(model: torch.nn.Module, dtype: torch.dtype, world_size: int = 1):
@@ -117,6 +135,8 @@ class ShardedAdamW(torch.optim.Optimizer):
         # with nothing to send, nothing is rounded for the wire
         self.grads = torch.zeros_like(flat, dtype=wire if dist and wire else flat.dtype)
         self.grad_chunks = list(self.grads.chunk(self.chunks))
+        self.piece_parts = piece_parts([p.numel() for p in flat_params], self.chunks,
+                                       self.grad_chunks[0].numel())
         self.grad_shards = (list(torch.empty(self.chunks * share, dtype=self.grads.dtype,
                                              device=flat.device).split(share))
                             if self.shard else self.grad_chunks)
@@ -159,23 +179,42 @@ class ShardedAdamW(torch.optim.Optimizer):
         return self.dist.reduce_scatter_tensor(self.grad_shards[k], self.grad_chunks[k], op=self._op(),
                                                async_op=True)
 
+    def _fill_and_reduce(self, grads):
+        """Unsharded: copy each piece's gradients into its place in the flat buffer and start
+        its all-reduce at once, so NCCL starts after the first piece's copy, not after all of them.
+        Every all-reduce is issued before the first update: an all-reduce issued after an
+        update would wait for it (NCCL's stream waits for what the compute stream has queued)."""
+        reduced = []
+        for k, parts in enumerate(self.piece_parts):
+            used = sum(b - a for _, a, b in parts)
+            if parts:  # else all padding, zero since the buffer was made
+                torch.cat([grads[i][a:b] for i, a, b in parts], out=self.grad_chunks[k][:used])
+            if not self.average:
+                self.grad_chunks[k].div_(self.world)
+            reduced.append(self._reduce(k))
+        return reduced
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        torch.cat([p.grad.flatten() for p in self.flat_params], out=self.grads[:self.used])
+        grads = [p.grad.flatten() for p in self.flat_params]
+        if self.shard or self.dist is None:
+            torch.cat(grads, out=self.grads[:self.used])
         small = torch.cat([p.grad.flatten() for p in self.others]) if self.others else None
         if self.dist is None:  # one process: the whole model, one update
             scattered, averaged = [None], None
         else:
             if not self.average:  # divided by N first, as DDP does
-                self.grads.div_(self.world)
+                if self.shard:
+                    self.grads.div_(self.world)
                 if small is not None:
                     small.div_(self.world)
             # the others' small all-reduce first: its update then runs beside the last gathers
             averaged = self.dist.all_reduce(small, op=self._op(), async_op=True) if small is not None else None
             # NCCL runs its collectives in the order they are issued: reduce-scatter k + 1
             # goes ahead of all-gather k, so NCCL has work while piece k is updated
-            scattered = [self._reduce(k) for k in range(min(2, self.chunks))]
+            scattered = ([self._reduce(k) for k in range(min(2, self.chunks))] if self.shard
+                         else self._fill_and_reduce(grads))
         gathered = []
         for k in range(self.chunks):
             if scattered[k] is not None:
@@ -185,7 +224,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             if self.shard:  # every rank's updated slice of piece k to every rank
                 gathered.append(self.dist.all_gather_into_tensor(
                     self.weight_chunks[k], self.weight_slices[k], async_op=True))
-            if self.dist is not None and k + 2 < self.chunks:
+            if self.shard and k + 2 < self.chunks:
                 scattered.append(self._reduce(k + 2))
         if self.others:  # the fp32 parameters beside: averaged whole on every rank, then updated
             if averaged is not None:
