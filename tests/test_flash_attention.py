@@ -85,6 +85,17 @@ def test_hopper_path_reads_the_models_layout_and_pytorchs():
     assert not hopper.supported(q, q, q)  # no GPU here, or not this one's tensors
 
 
+@pytest.mark.parametrize("n_kv, group", [(64, 2), (16, 1), (12, 4), (7, 2), (3, 1)])
+def test_hopper_grid_runs_every_head_in_sets_of_kv_heads(n_kv, group):
+    """The launch order: sets of at most SET_HEADS kv heads, each with its query heads, on
+    program_id axes 0 (the set's heads) and 2 (the sets): every (batch, head) row once."""
+    heads, blocks, sets = hopper._grid(n_kv, 512, group)
+    assert blocks == 512 // hopper.BLOCK and heads * sets == n_kv * group
+    size = heads // group  # the largest set that divides the kv heads evenly
+    assert heads % group == 0 and n_kv % size == 0 and size <= hopper.SET_HEADS
+    assert all(n_kv % larger for larger in range(size + 1, min(n_kv, hopper.SET_HEADS) + 1))
+
+
 def test_hopper_kernels_that_do_not_build_hand_over_to_the_portable_ones(monkeypatch):
     if not hopper.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
