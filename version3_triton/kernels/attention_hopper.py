@@ -380,7 +380,7 @@ if AVAILABLE:
 _LOG2_E = 1.4426950408889634
 # The launch order (_grid): SET_HEADS kv heads at a time, the longest blocks of the set first, so
 # its K and V (8 MiB at 2k tokens) stay in L2 while its programs read them. On an H200 that beat
-# one head after another at every shape tried; sets of 16 or 32 kv heads were no faster.
+# one head after another at every shape tried; sets of 16 or 32 kv heads were slower at most.
 SET_HEADS = 8
 
 
