@@ -35,11 +35,11 @@ sums, as DDP does), then the same AdamW update (tests/test_distributed.py compar
 --reduce-after-backward runs the same flat update unsharded (shard=False): every rank updates
 all the weights, so no weight is gathered; each piece of the gradients is copied into the flat
 buffer and sent at once, so the first all-reduce starts while the other pieces are copied, and
-each piece is updated as soon as its all-reduce lands while NCCL reduces the next. Where the weights are
-fp32 (plain --compile) that is what pays: sharded, the all-gather would move fp32 weights,
-twice the bytes of the bf16 gradients it replaces. Under bf16 autocast the gradients travel
-in bf16 (`wire`): the linear layers' weight gradients come out of bf16 matrix products, so
-only their sum is rounded, and the all-reduce moves half the bytes of fp32.
+each piece is updated as soon as its all-reduce lands while NCCL reduces the next. Where the
+weights are fp32 (plain --compile) that is what pays: sharded, the all-gather would move fp32
+weights, twice the bytes of the bf16 gradients it replaces. Under bf16 autocast the gradients
+travel in bf16 (`wire`): the linear layers' weight gradients come out of bf16 matrix products,
+so only their sum is rounded, and the all-reduce moves half the bytes of fp32.
 """
 from __future__ import annotations
 
