@@ -184,10 +184,15 @@ def _precision(settings) -> str:
     return settings.precision or choose_precision(None, dev.resolve_device(settings.device))
 
 
+def _flat_flag(chosen) -> str:
+    """The flat optimizer's flag that `chosen` (the settings, or a process group) runs."""
+    return FLAT_KNOBS["shard_optimizer" if chosen.shard_optimizer else "reduce_after_backward"]
+
+
 def _check_flat_optimizer(settings) -> None:
     """--shard-optimizer and --reduce-after-backward run their own AdamW update and replace
     DDP's buckets: one of them at a time."""
-    flag = FLAT_KNOBS["shard_optimizer" if settings.shard_optimizer else "reduce_after_backward"]
+    flag = _flat_flag(settings)
     if settings.shard_optimizer and settings.reduce_after_backward:
         raise UsageError("--shard-optimizer and --reduce-after-backward each replace DDP (sharded "
                          "or not): pick one")
@@ -366,10 +371,9 @@ class DataParallel(SingleProcess):
         apart, and one would wait in a reduce-scatter the other never joins (the flat
         optimizer's scaler, unsharded, would check the gradients before they are averaged)."""
         if self.flat_optimizer and precision == "fp16":
-            flag = FLAT_KNOBS["shard_optimizer" if self.shard_optimizer
-                              else "reduce_after_backward"]
-            raise UsageError(f"{flag} does not run with fp16 loss scaling (each GPU would skip "
-                             f"overflowing steps on its own): use --precision bf16 or fp32")
+            raise UsageError(f"{_flat_flag(self)} does not run with fp16 loss scaling (each GPU "
+                             f"would skip overflowing steps on its own): use --precision bf16 "
+                             f"or fp32")
 
     def _wrap_ddp(self, model):
         from torch.nn.parallel import DistributedDataParallel
