@@ -17,7 +17,7 @@ import torch
 from conftest import HAS_GPU, REPO
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, configs, rmsnorm  # noqa: E402
+from version3_triton.kernels import common, configs, launch_args, rmsnorm  # noqa: E402
 from kernel_checks import assert_matches, attention_inputs, forward_backward, rope_inputs  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -322,7 +322,68 @@ def test_a_plan_records_only_its_own_threads_launches(fake_bound):
         other.join()
         common.launch(rmsnorm.FWD, None, None, None, x, w)
     device, same, launches = common.PLANS[key]
-    assert len(launches) == 1 and launches[0][4] == ((0, 0), (1, 2))  # x and w, not y
+    assert len(launches) == 1 and launches[0][4] == ((0, 0, 0, None), (1, 2, 0, None))  # x, w: not y
+
+
+class FakeDescriptor:
+    """What a TMA descriptor shows the launch: its tensor, the 2D view TMA reads, the tile."""
+
+    def __init__(self, base, rows, cols):
+        self.base, self.shape, self.strides = base, [rows, cols], [cols, 1]
+        self.block_shape, self.padding = [16, cols], "zero"
+
+
+def test_a_plan_replays_tma_descriptors_and_views_of_named_tensors(fake_bound):
+    """A fixed launch (the Hopper kernels') records into a plan: a descriptor of a named
+    tensor replays as that tensor's (address, shape, strides, padding), which MapLaunch turns
+    into the tensor map Triton's C launch takes, encoded once per address; a view the
+    launcher made of a named tensor replays at the view's offset in this call's tensor."""
+    encoded, launched = [], []
+
+    def encode(described, meta):
+        encoded.append(described.base.data_ptr())
+        return [("map", described.data_ptr(), meta), *described.shape, *described.strides]
+
+    # the C launch's arguments: the grid, the stream and the head (5), then the kernel's
+    launcher = launch_args.MapLaunch(lambda *args: launched.append(args), encode, 5, {0: "meta"})
+
+    def call(q, grad, scale=0.5):
+        view = grad[:, 2:]  # a view made inside the launcher, as the gradient slots are
+        args = [FakeDescriptor(q, 4 * 8, 16), view, scale, 8]
+        key, _ = common._bound_key(call, 0, args, {})
+        common._BOUND[key] = (launcher, ("head",), ("tail",), None, call)
+        plan = common.plan_key("fixed", (q, grad))
+        with common.recording(plan, [q, grad]):
+            common.launch_fixed(call, (3,), args, ("fixed", ("how", {})))
+        return plan
+
+    q, grad = torch.randn(4, 8, 16), torch.randn(4, 6, 16)
+    plan = call(q, grad)
+    assert len(launched) == 1 and encoded == [q.data_ptr()]
+    q2, grad2 = torch.randn(4, 8, 16), torch.randn(4, 6, 16)
+    assert common.replay(common.PLANS[plan], (q2, grad2)) and common.replay(common.PLANS[plan],
+                                                                           (q2, grad2))
+    assert encoded == [q.data_ptr(), q2.data_ptr()]  # the second replay's map was kept
+    want = [3, 1, 1, 7, "head", ("map", q2.data_ptr(), "meta"), 32, 16, 16, 1,
+            grad2[:, 2:].data_ptr(), 0.5, 8, "tail"]
+    assert [list(args) for args in launched[1:]] == [want, want]
+    common._BOUND.clear()
+
+
+def test_map_launch_leaves_other_launches_alone():
+    """Only Triton 3.6's wrapper that encodes tensor maps becomes a MapLaunch; any other
+    launch (a later Triton's, a plain function) is called as it is, and a plan then records
+    no descriptor."""
+    def launch(*args):
+        return args
+
+    assert launch_args.map_launch(launch) is launch
+    assert launch_args.map_launch(print) is print
+    t = torch.randn(4, 16)
+    assert launch_args.slots([FakeDescriptor(t, 4, 16), t, 3], {id(t): 0}) == (
+        [None, None, 3], ((0, 0, 0, ((4, 16), (16, 1), "zero")), (1, 0, 0, None)))
+    assert launch_args.slots([t[1:]], {}) is None  # a view of no named tensor
+    assert launch_args.slots([t.view(-1)[1:]], {id(t): 0}) is None  # misaligned
 
 
 # ---- the eager path's depth --------------------------------------------------------------

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 tk = pytest.importorskip("version3_triton.kernels", reason="needs triton")
-from version3_triton.kernels import common, configs  # noqa: E402
+from version3_triton.kernels import common, configs, launch_args  # noqa: E402
 from kernel_checks import (  # noqa: E402
     ATTENTION_SHAPES, DEVICE, TOLERANCE, assert_matches, attention_inputs, attention_reference, forward_backward,
-    max_error, pytorch_error)
+    max_error, pytorch_error, rope_inputs)
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernels")
 
@@ -150,6 +150,30 @@ def _on_hopper(shape):
 
 def _by_token(t):
     return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.gpu
+def test_gpu_hopper_kernels_replay_their_plans_bitwise():
+    """A warm call replays the Hopper kernels' launch plans (each tensor map encoded once, no
+    descriptor built): the same bits as the calls before it, through flash_attention and
+    through qkv_attention (its gradient slots are views into one QKV-shaped tensor)."""
+    inputs, grad = _on_hopper((2, 8, 4, 256, 128))
+    qkv, cos, sin = rope_inputs(2, 256, 16, 128)
+    qkv = qkv.to(torch.bfloat16).requires_grad_()
+    common.forget_plans()
+
+    def step():
+        out = forward_backward(tk.flash_attention, inputs, grad, torch.bfloat16)
+        o = tk.qkv_attention(qkv, cos, sin, 8)
+        (d_qkv,) = torch.autograd.grad(o, qkv, torch.ones_like(o))
+        return [*out, o.detach(), d_qkv]
+
+    runs = [step() for _ in range(3)]  # Triton's launch, bound and recorded, replayed
+    if not any(isinstance(entry[0], launch_args.MapLaunch) for entry in common._BOUND.values()):
+        pytest.skip("this Triton's launcher is not the one MapLaunch calls: no Hopper plans")
+    assert {key[0] for key in common.PLANS} >= {"attn_fwd", "attn_bwd", "attn_bwd_into"}
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
 
 
 @pytest.mark.gpu

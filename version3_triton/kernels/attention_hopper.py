@@ -30,7 +30,6 @@ import warnings
 import torch
 
 from . import common, configs, operators
-from .common import _LAST as _CHOSEN
 from .target import INTERPRET
 
 try:  # Gluon arrived in Triton 3.4 and its API still moves between releases
@@ -408,16 +407,15 @@ def _launch(launches, names, stages: int) -> bool:
     """Run each (kernel, grid, arguments); False if Gluon cannot build them here (said once:
     the portable kernels run from then on)."""
     global ENABLED
+    config = dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, num_warps=WARPS, num_stages=stages)
     try:
-        for kernel, grid, args in launches:
-            common.launch_fixed(kernel, grid, args, num_warps=WARPS)
+        for (kernel, grid, args), name in zip(launches, names):
+            common.launch_fixed(kernel, grid, args, (name, (HOW, config)), num_warps=WARPS)
     except Exception as err:  # noqa: BLE001 - any build failure means: use the other kernels
         ENABLED = False
         warnings.warn(f"V3 attention: the Hopper (Gluon) kernels did not build under this Triton "
                       f"({type(err).__name__}); using the portable Triton kernels")
         return False
-    config = dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, num_warps=WARPS, num_stages=stages)
-    _CHOSEN.update({name: (HOW, config) for name in names})  # what chosen_configs() reports
     return True
 
 

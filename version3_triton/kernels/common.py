@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import triton
 
-from . import configs, operators
+from . import configs, launch_args, operators
 from .attention_tables import (ATTENTION_CONFIGS, TUNED_AMD,  # noqa: F401 (re-exported)
                                 attention_configs, attention_warning, config_family)
 from .operators import (LIBRARY, USE_TRITON_OP, apply, define_op,  # noqa: F401 (re-exported)
@@ -126,7 +126,7 @@ def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, l
             give(address)
         elif hasattr(a, "block_shape"):  # a TMA descriptor (attention_hopper.py's kernels)
             append((kind, a.base.dtype, tuple(a.block_shape), tuple(a.shape), tuple(a.strides)))
-            give(a)  # Triton's C launch encodes its tensor map
+            give(a)  # its tensor map: launch_args.MapLaunch encodes it
         else:
             append(kind)
             append(a)
@@ -134,24 +134,27 @@ def _bound_key(fn, device: int, args: tuple, constexprs: dict) -> tuple[tuple, l
     return tuple(key), call
 
 
-def launch_fixed(fn, grid: tuple, args: list, **constexprs) -> None:
-    """Launch a kernel that has one configuration (attention_hopper.py's): Triton's own
-    launch the first time, bound like `launch`'s kernels after that. Never part of a launch
-    plan: its TMA descriptors are built per call."""
+def launch_fixed(fn, grid: tuple, args: list, chosen: tuple, **constexprs) -> None:
+    """Launch a kernel that has one configuration (attention_hopper.py's), chosen: (its name,
+    (how, config)) for chosen_configs(). Triton's own launch the first time, bound like
+    `launch`'s kernels after that, and recorded into plans (TMA descriptors as tensor maps)."""
+    _LAST[chosen[0]] = chosen[1]
     if not BIND or operators.IN_OPERATOR:
         fn[grid](*args, **constexprs)
         return
-    if _RECORDING is not None:
-        _record(None)
     device = torch._C._cuda_getDevice()
     bound_key, call_args = _bound_key(fn, device, args, constexprs)
     bound = _BOUND.get(bound_key)
     if bound is None:
+        if _RECORDING is not None:
+            _record(None)  # (first: a kernel that fails to build leaves no plan behind)
         _keep(bound_key, fn, fn[grid](*args, **constexprs), len(args), constexprs, None)
         return
     launcher, head, tail, _, _ = bound
-    launcher(*grid, *_GRID_PAD[len(grid)], torch._C._cuda_getCurrentRawStream(device), *head,
-             *call_args, *tail)
+    grid = (*grid, *_GRID_PAD[len(grid)])
+    launcher(*grid, torch._C._cuda_getCurrentRawStream(device), *head, *call_args, *tail)
+    if _RECORDING is not None:
+        _record((launcher, grid, head, args, tail, *chosen, device))
 
 
 def _bind(bound_key: tuple, spec: KernelSpec, fn, kernel, n_args: int, constexprs: dict) -> None:
@@ -229,8 +232,9 @@ def replay(plan: tuple, tensors) -> bool:
     stream = torch._C._cuda_getCurrentRawStream(device)
     for launcher, grid, head, template, slots, tail, name, last in launches:
         args = template.copy()
-        for at, which in slots:
-            args[at] = addresses[which]
+        for at, which, offset, described in slots:  # (launch_args.slots; inline: no frame)
+            address = addresses[which] + offset
+            args[at] = address if described is None else (address, *described)
         launcher(*grid, stream, *head, *args, *tail)
         _LAST[name] = last
     return True
@@ -263,8 +267,8 @@ def _record(launch: Optional[tuple]) -> None:
 
 
 def _plan(recorded: list, tensors: list) -> Optional[tuple]:
-    """The recorded launches with each tensor argument replaced by an address slot: the
-    position of that tensor in `tensors` (held alive by `recorded`, so ids are unique)."""
+    """The recorded launches with each tensor argument replaced by a slot that names its
+    place in `tensors` (held alive by `recorded`, so ids are unique): launch_args.py."""
     where, same = {}, []
     for i, t in enumerate(tensors):
         if t is not None:
@@ -277,14 +281,11 @@ def _plan(recorded: list, tensors: list) -> Optional[tuple]:
         if entry is None:
             return None
         launcher, grid, head, args, tail, name, last, device = entry
-        template, slots = list(args), []
-        for at, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor):
-                if id(arg) not in where or arg.data_ptr() & 15:
-                    return None
-                slots.append((at, where[id(arg)]))
-                template[at] = None  # the plan holds no tensor alive
-        launches.append((launcher, grid, head, template, tuple(slots), tail, name, last))
+        found = launch_args.slots(args, where)
+        if found is None or (not isinstance(launcher, launch_args.MapLaunch)
+                             and any(described for *_, described in found[1])):
+            return None  # (a descriptor replays only through MapLaunch)
+        launches.append((launcher, grid, head, *found, tail, name, last))
     return (device, tuple(same), tuple(launches)) if launches else None
 
 
@@ -326,8 +327,8 @@ def _direct_launch(kernel) -> tuple:
     if (DIRECT_C_LAUNCH and _launcher_is_known(type(run))
             and run.global_scratch_size == 0 and run.profile_scratch_size == 0):
         # what the launcher's __call__ adds: its flags and no scratch buffers
-        return run.launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl,
-                            None, None, *metadata)
+        return launch_args.map_launch(run.launch), (kernel.function, run.launch_cooperative_grid,
+                                                    run.launch_pdl, None, None, *metadata)
     return run, (kernel.function, *metadata)
 
 

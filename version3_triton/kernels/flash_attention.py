@@ -155,9 +155,9 @@ def _outputs(q: torch.Tensor):
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal flash attention forward. Returns (o, lse); lse is in log2 units."""
-    # A call like an earlier one replays its launch (common.py's launch plans); the Hopper
-    # switch is in the key, so a plan of the portable kernels stands in for them only while
-    # they are off (attention_hopper.portable()).
+    # A call like an earlier one replays its launch (common.py's launch plans), the Hopper
+    # kernel's too; the Hopper switch is in the key, so a plan of the portable kernels stands
+    # in for them only while they are off (attention_hopper.portable()).
     plan_key = common.plan_key("attn_fwd", (q, k, v), sm_scale, _tf32(q), attention_hopper.ENABLED)
     if (plan := common.PLANS.get(plan_key)) is not None:
         o, lse = _outputs(q)
@@ -166,7 +166,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_inputs(q, k, v)
     if attention_hopper.supported(q, k, v):  # Hopper at head size 128: the Gluon kernel
         o, lse = _outputs(q)
-        if attention_hopper.forward(q, k, v, o, lse, sm_scale):
+        with common.recording(plan_key, [q, k, v, o, lse]):
+            done = attention_hopper.forward(q, k, v, o, lse, sm_scale)
+        if done:
             return o, lse
     return launch_forward(_attn_fwd_kernel, plan_key, q, k, v, sm_scale)
 

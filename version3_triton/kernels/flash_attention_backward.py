@@ -232,7 +232,7 @@ def attention_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         named[DELTA_SLOT] = common.empty_like(lse)
         if common.replay(plan, named):
             return dq, dk, dv
-    if not _hopper_backward(named, sm_scale, dq, dk, dv):
+    if not _hopper_backward(plan_key, named, sm_scale, dq, dk, dv):
         launch_backward((_attn_bwd_dq_kernel, _attn_bwd_dkdv_kernel), plan_key, named, sm_scale,
                         dq, dk, dv)
     return dq, dk, dv
@@ -275,24 +275,25 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
         named[DELTA_SLOT] = common.empty_like(lse)
         if common.replay(plan, named):
             return
-    if not _hopper_backward(named, sm_scale, dq, dk, dv):
+    if not _hopper_backward(plan_key, named, sm_scale, dq, dk, dv):
         launch_backward((_attn_bwd_dq_kernel, _attn_bwd_dkdv_kernel), plan_key, named,
                         sm_scale, dq, dk, dv)
 
 
-def _hopper_backward(named: list, sm_scale: float, dq, dk, dv) -> bool:
+def _hopper_backward(plan_key, named: list, sm_scale: float, dq, dk, dv) -> bool:
     """attention_hopper.py's kernels where they run (Hopper, head size 128): True if they
-    wrote the gradients. dq, dk, dv as launch_backward takes them."""
+    wrote the gradients (and recorded their plan). dq, dk, dv as launch_backward takes them."""
     grad_o, q, k, v, o, lse = named[:6]
     if grad_o.dtype != q.dtype or not attention_hopper.supported(q, k, v):
         return False
-    views = []  # each gradient as a (B, heads, T, D) tensor or view
+    views = []  # each gradient as a (B, heads, T, D) tensor or a view at its first head
     for grad, like in ((dq, q), (dk, k), (dv, v)):
         tensor, _, head0 = _grad_slot(grad, like)
         views.append(tensor[:, :, head0:head0 + like.shape[1]].transpose(1, 2)
                      if isinstance(grad, tuple) else tensor)
-    return attention_hopper.backward(grad_o, q, k, v, o, lse, sm_scale, *views,
-                                     common.empty_like(lse))
+    delta = named[DELTA_SLOT] = common.empty_like(lse)
+    with common.recording(plan_key, named):
+        return attention_hopper.backward(grad_o, q, k, v, o, lse, sm_scale, *views, delta)
 
 
 def launch_backward(kernels: tuple, plan_key, named: list, sm_scale: float, dq, dk, dv,
