@@ -92,3 +92,24 @@ def test_bf16_under_autocast_matches_the_direct_way_without_the_whole_logits():
     for name, a, b in zip(["loss", "d h", "d weight"], got, want):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3, msg=name)
     assert got_peak < 4096 * 32000 * 4, f"peak {got_peak / 2**20:.0f} MiB holds whole logits"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_weight_gradient_sums_its_chunks_in_fp32(dtype, monkeypatch):
+    """Each chunk's d weight is added into one fp32 matrix: by one GEMM that adds in place
+    where BLAS writes fp32 from bf16 (asked once per device type, on a small case): the
+    fp32 sum of the exact products; else the product, rounded to bf16, and a sum."""
+    monkeypatch.setattr(lce, "_ADDS_IN_PLACE", {})
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(shape, generator=g).to(DEVICE, dtype) for shape in ((40, 24), (24, 32)))
+    total = torch.randn(40, 32, generator=g).to(DEVICE)
+    for _ in range(2):  # the first call asks, the second knows
+        got = total.clone()
+        lce._add_product(got, a, b)
+        exact = dtype == torch.float32 or lce._ADDS_IN_PLACE[a.device.type]
+        want = total.double() + (a.double() @ b.double() if exact else (a @ b).double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    if dtype != torch.float32:
+        assert list(lce._ADDS_IN_PLACE) == [a.device.type]
+        if DEVICE == "cpu":
+            assert lce._ADDS_IN_PLACE["cpu"] is False  # (no fp32-output GEMM from bf16 on a CPU)

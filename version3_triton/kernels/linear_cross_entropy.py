@@ -120,9 +120,41 @@ def linear_cross_entropy_forward(h: torch.Tensor, weight: torch.Tensor, targets:
         h_chunk = h[start:start + chunk]
         logits = h_chunk @ w.T  # (chunk, vocab): the only logits that exist
         losses.append(cross_entropy_in_place(logits, targets[start:start + chunk], 1.0 / rows))
-        grad_h[start:start + chunk] = logits @ w  # logits now hold d loss / d logits
-        grad_w += logits.T @ h_chunk  # summed over the chunks in fp32
+        torch.mm(logits, w, out=grad_h[start:start + chunk])  # logits now hold d loss / d logits
+        _add_product(grad_w, logits.T, h_chunk)  # summed over the chunks in fp32
     return torch.cat(losses).sum() / rows, grad_h, grad_w.to(weight.dtype)
+
+
+_ADDS_IN_PLACE: dict[str, bool] = {}  # device type -> whether the one-GEMM sum works there
+
+
+def _add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """total (fp32) += a @ b. In the compute dtype the product would be rounded to it and
+    added by one more pass over total (a 256 MiB fp32 matrix at the large preset, per chunk);
+    where BLAS takes an fp32 output for bf16/fp16 inputs (CUDA: addmm's out_dtype), one GEMM
+    adds its fp32 result into total (beta = 1). Checked once per device type on a small case."""
+    if a.dtype == total.dtype:
+        total.addmm_(a, b)
+    elif _ADDS_IN_PLACE.get(a.device.type) or (a.device.type not in _ADDS_IN_PLACE
+                                                and _probe_adds_in_place(a)):
+        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    else:
+        total += a @ b
+
+
+def _probe_adds_in_place(like: torch.Tensor) -> bool:
+    """Does addmm(acc, a, b, out_dtype=fp32, out=acc) add a @ b into acc on like's device?"""
+    if like.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False  # (no answer without a sync; asked again outside the capture)
+    try:
+        acc = torch.ones(2, 2, device=like.device)
+        a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=like.device, dtype=like.dtype)
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+        works = acc.tolist() == [[8.0, 11.0], [16.0, 23.0]]
+    except (RuntimeError, NotImplementedError, TypeError):
+        works = False
+    _ADDS_IN_PLACE[like.device.type] = works
+    return works
 
 
 class LinearCrossEntropy(torch.autograd.Function):
