@@ -10,7 +10,8 @@ fp32 copy is 2 GiB - more than the model's weights.
 
 Here the rows go through in chunks. For each chunk: one GEMM gives its logits; the kernel
 reads each row twice - once for its log-sum-exp, once to overwrite the logits with their
-gradient; two more GEMMs turn that into the chunk's share of dh and dW. Only one chunk's
+gradient; two more GEMMs turn that into the chunk's share of dh and dW (dW summed over the
+chunks in fp32, by the GEMM itself where the BLAS can: _add_product). Only one chunk's
 logits ever exist, the gradients are ready when forward ends, and backward only scales them
 by the incoming gradient (1 for the loss itself).
 
