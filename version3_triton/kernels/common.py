@@ -189,12 +189,13 @@ def _keep(bound_key: tuple, fn, kernel, n_args: int, values: dict, last) -> None
 # and dtypes, the scale, RoPE's tables or none. A launcher that names those facts - its
 # plan key - records its launches the first time they all run bound (`recording`), and
 # every later call with the same plan key replays them (`replay`): the same kernels, grids
-# and arguments, with this call's addresses. The plan key must hold whatever decides a
-# non-address argument, a constexpr or the configuration (the forced configurations'
-# version and the autotune switch included); the addresses' 16-byte alignment, which
-# Triton specialises on, is checked at every replay - a misaligned tensor takes the
-# launcher's own way, as does every call whose launches were given a tensor the launcher
-# does not name (a contiguous copy it made, say): those record no plan.
+# and arguments, with this call's addresses (a view's, a TMA descriptor's: launch_args.py).
+# The plan key must hold whatever decides a non-address argument, a constexpr or the
+# configuration (the forced configurations' version and the autotune switch included);
+# the addresses' 16-byte alignment, which Triton specialises on, is checked at every
+# replay - a misaligned tensor takes the launcher's own way, as does every call whose
+# launches were given a tensor that is neither named nor a view the launcher made of a
+# named one (a contiguous copy it made, say): those record no plan.
 PLANS: dict[tuple, tuple] = {}    # plan key -> (device, aliases, the launches with address slots)
 USE_PLANS = True                   # the host-overhead table switches it to show what plans save
 _RECORDING: Optional[list] = None  # while a launcher records: each launch's arguments

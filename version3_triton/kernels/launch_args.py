@@ -1,6 +1,6 @@
 """What a launch plan (common.py) puts in place of a recorded launch's arguments (`slots`),
-and what a replay hands the kernel there: a named tensor's address, a view's (a named tensor's address
-plus the view's fixed offset), a TMA descriptor's tensor map.
+and what a replay hands the kernel there: a named tensor's address; a view's, which is a named
+tensor's address plus the view's fixed offset; a TMA descriptor's tensor map.
 
 A view's offset is fixed when the launcher makes the view from a named tensor and values the
 plan key holds (the head a gradient slot starts at, say), as attention's launchers do.
@@ -61,7 +61,8 @@ def map_launch(launch):
     builds the tensor maps (anything else as it is: a plan then records no descriptor)."""
     try:
         source = " ".join(inspect.getsource(launch).split())
-        cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
+        cells = {name: cell.cell_contents
+                 for name, cell in zip(launch.__code__.co_freevars, launch.__closure__)}
         metas, positions = cells["tensordesc_meta"], sorted(cells["tensordesc_indices"])
         encode = launch.__globals__["make_tensordesc_arg"]
         base = launch.__globals__["_BASE_ARGS_FORMAT_LEN"]
