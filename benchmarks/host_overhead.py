@@ -73,6 +73,8 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
     B, T, H, H_kv, D = 1, 64, 4, 2, 64
     qkv = leaf(B, T, H + 2 * H_kv, D)
     q, k, v = (leaf(B, heads, T, D) for heads in (H, H_kv, H_kv))
+    # head size 128: where an sm_90 GPU runs V3's Hopper kernels (TMA descriptors and all)
+    q128, k128, v128 = (leaf(B, heads, T, 128) for heads in (H, H_kv, H_kv))
     angles = torch.rand(T, D // 2, device=dev)
     cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))
     gate_up = leaf(8, 2 * 1024)
@@ -143,6 +145,8 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
          "split, apply_rope x2, SDPA", torch_qkv_attention, (qkv,)),
         ("flash_attention", tk.flash_attention,
          "SDPA", lambda a, b, c: causal_sdpa(a, b, c), (q, k, v)),
+        ("flash_attention at head size 128", tk.flash_attention,
+         "SDPA at head size 128", lambda a, b, c: causal_sdpa(a, b, c), (q128, k128, v128)),
         ("linear_cross_entropy", lambda a, b: tk.linear_cross_entropy(a, b, targets),
          "linear, cross_entropy", torch_cross_entropy, (h, lm_head)),
     ]
