@@ -380,10 +380,12 @@ def test_map_launch_leaves_other_launches_alone():
     assert launch_args.map_launch(launch) is launch
     assert launch_args.map_launch(print) is print
     t = torch.randn(4, 16)
-    assert launch_args.slots([FakeDescriptor(t, 4, 16), t, 3], {id(t): 0}) == (
+    maps = launch_args.MapLaunch(launch, None, 5, {0: "meta"})
+    assert launch_args.slots([FakeDescriptor(t, 4, 16), t, 3], {id(t): 0}, maps) == (
         [None, None, 3], ((0, 0, 0, ((4, 16), (16, 1), "zero")), (1, 0, 0, None)))
-    assert launch_args.slots([t[1:]], {}) is None  # a view of no named tensor
-    assert launch_args.slots([t.view(-1)[1:]], {id(t): 0}) is None  # misaligned
+    assert launch_args.slots([FakeDescriptor(t, 4, 16)], {id(t): 0}, launch) is None
+    assert launch_args.slots([t[1:]], {}, launch) is None  # a view of no named tensor
+    assert launch_args.slots([t.view(-1)[1:]], {id(t): 0}, launch) is None  # misaligned
 
 
 # ---- the eager path's depth --------------------------------------------------------------

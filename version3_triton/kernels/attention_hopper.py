@@ -403,13 +403,13 @@ def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], element)
 
 
-def _launch(launches, names, stages: int) -> bool:
-    """Run each (kernel, grid, arguments); False if Gluon cannot build them here (said once:
-    the portable kernels run from then on)."""
+def _launch(launches, stages: int) -> bool:
+    """Run each (name, kernel, grid, arguments); False if Gluon cannot build them here (said
+    once: the portable kernels run from then on)."""
     global ENABLED
     config = dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, num_warps=WARPS, num_stages=stages)
     try:
-        for (kernel, grid, args), name in zip(launches, names):
+        for name, kernel, grid, args in launches:
             common.launch_fixed(kernel, grid, args, (name, (HOW, config)), num_warps=WARPS)
     except Exception as err:  # noqa: BLE001 - any build failure means: use the other kernels
         ENABLED = False
@@ -424,9 +424,9 @@ def forward(q, k, v, o, lse, sm_scale: float) -> bool:
     (B, H, T, D), H_kv = q.shape, k.shape[1]
     q_token, kv_token = by_token(q), by_token(k)  # (supported(): v's is k's)
     descriptors = [_descriptor(t, tok) for t, tok in zip((q, k, v), (q_token, kv_token, kv_token))]
-    return _launch([(_attn_fwd, _grid(B * H_kv, T, H // H_kv), [
+    return _launch([("attn_fwd", _attn_fwd, _grid(B * H_kv, T, H // H_kv), [
         *descriptors, o, lse, *o.stride()[:3], T, H, H // H_kv, sm_scale * _LOG2_E, q_token,
-        kv_token, BLOCK, BLOCK, D, FWD_STAGES])], ["attn_fwd"], FWD_STAGES)
+        kv_token, BLOCK, BLOCK, D, FWD_STAGES])], FWD_STAGES)
 
 
 def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> bool:
@@ -443,6 +443,6 @@ def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> boo
               BWD_STAGES)
     dq_args = [*descriptors, o, lse, delta, dq, *o.stride()[:3], *dq.stride()[:3], *shared]
     dkdv_args = [*descriptors, lse, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], *shared]
-    return _launch([(_attn_bwd_dq, _grid(B * H_kv, T, H // H_kv), dq_args),
-                    (_attn_bwd_dkdv, _grid(B * H_kv, T, 1), dkdv_args)],
-                   ["attn_bwd_dq", "attn_bwd_dkdv"], BWD_STAGES)
+    return _launch([("attn_bwd_dq", _attn_bwd_dq, _grid(B * H_kv, T, H // H_kv), dq_args),
+                    ("attn_bwd_dkdv", _attn_bwd_dkdv, _grid(B * H_kv, T, 1), dkdv_args)],
+                   BWD_STAGES)

@@ -282,10 +282,9 @@ def _plan(recorded: list, tensors: list) -> Optional[tuple]:
         if entry is None:
             return None
         launcher, grid, head, args, tail, name, last, device = entry
-        found = launch_args.slots(args, where)
-        if found is None or (not isinstance(launcher, launch_args.MapLaunch)
-                             and any(described for *_, described in found[1])):
-            return None  # (a descriptor replays only through MapLaunch)
+        found = launch_args.slots(args, where, launcher)
+        if found is None:
+            return None
         launches.append((launcher, grid, head, *found, tail, name, last))
     return (device, tuple(same), tuple(launches)) if launches else None
 

@@ -24,17 +24,20 @@ import torch
 _MAX_MAPS = 1024  # tensor maps kept per kernel; forgotten all at once past this many
 
 
-def slots(args, where: dict) -> Optional[tuple[list, tuple]]:
-    """(template, slots) of a recorded launch: args with each tensor and TMA descriptor
-    replaced by a slot (position, named tensor, byte offset, None for an address or
-    (shape, strides, padding) for a tensor map). where: id(named tensor) -> its place.
-    None if an argument cannot be replayed: a tensor neither named nor a view of one, or
-    not 16-byte aligned (Triton compiled the kernel for that)."""
+def slots(args, where: dict, launcher) -> Optional[tuple[list, tuple]]:
+    """(template, slots) of a launch recorded with `launcher`: args with each tensor and TMA
+    descriptor replaced by a slot (position, named tensor, byte offset, None for an address or
+    (shape, strides, padding) for a tensor map). where: id(named tensor) -> its place. None
+    if an argument cannot be replayed: a tensor neither named nor a view of one, or not
+    16-byte aligned (Triton compiled the kernel for that), or a descriptor where the launcher
+    is not a MapLaunch (only it takes a descriptor as a tuple)."""
     template, found = list(args), []
     for at, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
             tensor, described = arg, None
         elif hasattr(arg, "block_shape"):  # a TMA descriptor
+            if not isinstance(launcher, MapLaunch):
+                return None
             tensor, described = arg.base, (tuple(arg.shape), tuple(arg.strides), arg.padding)
         else:
             continue

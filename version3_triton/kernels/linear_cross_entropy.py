@@ -136,8 +136,11 @@ def _add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     adds its fp32 result into total (beta = 1). Checked once per device type on a small case."""
     if a.dtype == total.dtype:
         total.addmm_(a, b)
-    elif _ADDS_IN_PLACE.get(a.device.type) or (a.device.type not in _ADDS_IN_PLACE
-                                                and _probe_adds_in_place(a)):
+        return
+    adds_in_place = _ADDS_IN_PLACE.get(a.device.type)
+    if adds_in_place is None:
+        adds_in_place = _probe_adds_in_place(a)
+    if adds_in_place:
         torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
     else:
         total += a @ b
