@@ -38,7 +38,7 @@ def slots(args, where: dict, launcher) -> Optional[tuple[list, tuple]]:
         elif hasattr(arg, "block_shape"):  # a TMA descriptor
             if not isinstance(launcher, MapLaunch):
                 return None
-            tensor, described = arg.base, (tuple(arg.shape), tuple(arg.strides), arg.padding)
+            tensor, described = arg.base, _described(arg)
         else:
             continue
         source = _source(tensor, where)
@@ -47,6 +47,13 @@ def slots(args, where: dict, launcher) -> Optional[tuple[list, tuple]]:
         found.append((at, *source, described))
         template[at] = None  # the plan holds no tensor alive
     return template, tuple(found)
+
+
+def _described(descriptor) -> tuple:
+    """(shape, strides, padding): what a tensor map encodes of a descriptor besides its
+    address - the plan's slot and MapLaunch's key alike, so a replay finds the map the
+    first, bound launch encoded."""
+    return tuple(descriptor.shape), tuple(descriptor.strides), descriptor.padding
 
 
 def _source(t: torch.Tensor, where: dict) -> Optional[tuple[int, int]]:
@@ -100,7 +107,7 @@ class MapLaunch:
         if arg.__class__ is tuple:
             key = (*arg, position)
         else:
-            key = (arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding, position)
+            key = (arg.base.data_ptr(), *_described(arg), position)
         got = self.maps.get(key)
         if got is None:
             if len(self.maps) >= _MAX_MAPS:
