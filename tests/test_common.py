@@ -335,8 +335,8 @@ class FakeDescriptor:
 
 def test_a_plan_replays_tma_descriptors_and_views_of_named_tensors(fake_bound):
     """A fixed launch (the Hopper kernels') records into a plan: a descriptor of a named
-    tensor replays as that tensor's (address, shape, strides, padding), which MapLaunch turns
-    into the tensor map Triton's C launch takes, encoded once per address; a view the
+    tensor replays as the tensor map Triton's C launch takes (MapLaunch's, encoded once per
+    address, shape and strides), the plan calling that C launch itself; a view the
     launcher made of a named tensor replays at the view's offset in this call's tensor."""
     encoded, launched = [], []
 
@@ -380,9 +380,15 @@ def test_map_launch_leaves_other_launches_alone():
     assert launch_args.map_launch(launch) is launch
     assert launch_args.map_launch(print) is print
     t = torch.randn(4, 16)
-    maps = launch_args.MapLaunch(launch, None, 5, {0: "meta"})
-    assert launch_args.slots([FakeDescriptor(t, 4, 16), t, 3], {id(t): 0}, maps) == (
-        [None, None, 3], ((0, 0, 0, ((4, 16), (16, 1), "zero")), (1, 0, 0, None)))
+    maps = launch_args.MapLaunch(launch, lambda d, meta: ["map", *d.shape, *d.strides], 5,
+                                 {0: "meta"})
+    # a plan calls the C launch with each map's shape and strides in place after it
+    called, template, found = launch_args.slots([FakeDescriptor(t, 4, 16), t, 3], {id(t): 0},
+                                                maps)
+    assert called is launch and template == [None, 4, 16, 16, 1, None, 3]
+    assert [slot[:3] for slot in found] == [(0, 0, 0), (5, 0, 0)] and found[1][3] is None
+    assert isinstance(found[0][3], launch_args.Maps) and found[0][3][t.data_ptr()] == "map"
+    assert launch_args.slots([t], {id(t): 0}, maps) is None  # the map the launch expects: none
     assert launch_args.slots([FakeDescriptor(t, 4, 16)], {id(t): 0}, launch) is None
     assert launch_args.slots([t[1:]], {}, launch) is None  # a view of no named tensor
     assert launch_args.slots([t.view(-1)[1:]], {id(t): 0}, launch) is None  # misaligned

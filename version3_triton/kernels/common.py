@@ -233,9 +233,9 @@ def replay(plan: tuple, tensors) -> bool:
     stream = torch._C._cuda_getCurrentRawStream(device)
     for launcher, grid, head, template, slots, tail, name, last in launches:
         args = template.copy()
-        for at, which, offset, described in slots:  # (launch_args.slots; inline: no frame)
+        for at, which, offset, maps in slots:  # (launch_args.slots; inline: no frame)
             address = addresses[which] + offset
-            args[at] = address if described is None else (address, *described)
+            args[at] = address if maps is None else maps[address]
         launcher(*grid, stream, *head, *args, *tail)
         _LAST[name] = last
     return True
@@ -285,7 +285,7 @@ def _plan(recorded: list, tensors: list) -> Optional[tuple]:
         found = launch_args.slots(args, where, launcher)
         if found is None:
             return None
-        launches.append((launcher, grid, head, *found, tail, name, last))
+        launches.append((found[0], grid, head, *found[1:], tail, name, last))
     return (device, tuple(same), tuple(launches)) if launches else None
 
 

@@ -11,9 +11,11 @@ builds on the host (cuTensorMapEncodeTiled) and the launch copies into the kerne
 parameters. Triton 3.6's launcher builds one for every descriptor on every launch, behind a
 Python wrapper, from a Gluon TensorDescriptor the caller built: eleven maps and seven
 descriptors in a forward + backward. `MapLaunch` calls the C launch under that wrapper itself,
-with each map encoded by Triton's own function once per address, shape and strides, and takes
-a descriptor as an (address, shape, strides, padding) tuple, which is what a replay passes: a
-plan holds no tensor alive, and a replay builds no descriptor."""
+with each map encoded by Triton's own function once per address, shape and strides. A plan
+goes one step further: it calls the C launch itself, its template already holding the shape
+and strides that follow each map (fixed for the plan), and a descriptor's slot looks its map
+up by this call's address alone (`Maps`). A plan holds no tensor alive, and a replay builds
+no descriptor and no key: a TMA slot costs what an address slot costs."""
 from __future__ import annotations
 
 import inspect
@@ -24,29 +26,42 @@ import torch
 _MAX_MAPS = 1024  # tensor maps kept per kernel; forgotten all at once past this many
 
 
-def slots(args, where: dict, launcher) -> Optional[tuple[list, tuple]]:
-    """(template, slots) of a launch recorded with `launcher`: args with each tensor and TMA
-    descriptor replaced by a slot (position, named tensor, byte offset, None for an address or
-    (shape, strides, padding) for a tensor map). where: id(named tensor) -> its place. None
-    if an argument cannot be replayed: a tensor neither named nor a view of one, or not
-    16-byte aligned (Triton compiled the kernel for that), or a descriptor where the launcher
-    is not a MapLaunch (only it takes a descriptor as a tuple)."""
-    template, found = list(args), []
-    for at, arg in enumerate(args):
+def slots(args, where: dict, launcher) -> Optional[tuple]:
+    """(what to call, template, slots) of a launch recorded with `launcher`: args with each
+    tensor replaced by a slot (position, named tensor, byte offset, None: its address goes
+    there) and each TMA descriptor by a slot whose last field is its `Maps` (its tensor map
+    goes there; the template holds the shape and strides after it, and what to call is the C
+    launch under the MapLaunch). where: id(named tensor) -> its place. None if an argument
+    cannot be replayed: a tensor neither named nor a view of one, or not 16-byte aligned
+    (Triton compiled the kernel for that), or a descriptor where the launcher is not a
+    MapLaunch (only it says how a map is encoded)."""
+    template, found = [], []
+    mapped = isinstance(launcher, MapLaunch)
+    for position, arg in enumerate(args):
+        maps = None
         if isinstance(arg, torch.Tensor):
-            tensor, described = arg, None
+            tensor = arg
         elif hasattr(arg, "block_shape"):  # a TMA descriptor
-            if not isinstance(launcher, MapLaunch):
+            if not mapped or position not in launcher.metas:
                 return None
-            tensor, described = arg.base, _described(arg)
+            tensor, maps = arg.base, Maps(launcher, _described(arg), position)
         else:
+            template.append(arg)
             continue
         source = _source(tensor, where)
         if source is None or tensor.data_ptr() & 15:
             return None
-        found.append((at, *source, described))
-        template[at] = None  # the plan holds no tensor alive
-    return template, tuple(found)
+        found.append((len(template), *source, maps))
+        if maps is None:
+            template.append(None)  # the plan holds no tensor alive
+        else:  # [map, *shape, *strides]: the shape and strides are the plan's for good
+            template += [None, *launcher._map(arg, position)[1:]]
+    if mapped:
+        if len(args) <= max(launcher.metas) or not all(
+                hasattr(args[p], "block_shape") for p in launcher.metas):
+            return None  # a map the C launch expects that this launch did not describe
+        launcher = launcher.c_launch
+    return launcher, template, tuple(found)
 
 
 def _described(descriptor) -> tuple:
@@ -113,6 +128,21 @@ class MapLaunch:
             if len(self.maps) >= _MAX_MAPS:
                 self.maps.clear()
             got = self.maps[key] = self.encode(_Described(*key[:4]), self.metas[position])
+        return got
+
+
+class Maps(dict):
+    """One descriptor slot of a plan: this call's address -> its tensor map, encoded by the
+    MapLaunch on the first call at an address (a dict lookup after that)."""
+
+    def __init__(self, launcher: MapLaunch, described: tuple, position: int):
+        super().__init__()
+        self.launcher, self.described, self.position = launcher, described, position
+
+    def __missing__(self, address: int):
+        if len(self) >= _MAX_MAPS:
+            self.clear()
+        got = self[address] = self.launcher._map((address, *self.described), self.position)[0]
         return got
 
 
