@@ -8,6 +8,8 @@ for the kernel benchmark):
   graph_ms   the same for calls replayed from one CUDA/HIP graph: the GPU's time alone,
              without Python or launch costs between the calls
   host_ms    what a call costs the host (Python + launch), with the GPU running behind
+and, to compare two calls on the GPU alone, paired_graph_ratio: both graph replays in each
+of several rounds, the median of the rounds' ratios.
 """
 from __future__ import annotations
 
@@ -87,6 +89,29 @@ def graph_ms(fn, calls: int, repeats: int = 5, warmup_calls: int = 3) -> tuple[f
         return None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     ms = median_ms(torch.device("cuda"), replay, warmup=1, repeats=repeats)
     return ms / calls, None
+
+
+def paired_graph_ratio(fn, other, calls: int, rounds: int = 9
+                       ) -> tuple[float | None, list | None, str | None]:
+    """(other's time over fn's, the middle half of the rounds' ratios, None), both replayed
+    from graphs of `calls` calls: each round replays fn, other, other, fn and takes the ratio
+    of the two sums, and the result is the median of the rounds'. A GPU whose clock drifts
+    with its power and heat over a run moves both sums of a round alike, where two medians
+    taken a second apart can differ by a few percent. (None, None, why) where capture fails."""
+    try:
+        replays = [capture_graph(f, calls, warmup_calls=3) for f in (fn, other)]
+    except Exception as e:  # capture raises many types: say which and why
+        torch.cuda.synchronize()
+        return None, None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    gpu = torch.device("cuda")
+    ratios = []
+    for _ in range(rounds):
+        ms = [0.0, 0.0]
+        for i in (0, 1, 1, 0):
+            ms[i] += median_ms(gpu, replays[i], warmup=1, repeats=1)
+        ratios.append(ms[1] / ms[0])
+    quartiles = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), [quartiles[0], quartiles[2]], None
 
 
 def host_ms(fn, calls: int = 20, repeats: int = 1, warmup: int = 1) -> float:
@@ -222,7 +247,18 @@ class Timer:
         ~20 ms worth of calls captured into one graph, replayed 5 times (graph_ms)."""
         if not self.gpu:
             return None, "no GPU"
-        ms, why = graph_ms(fn, calls=max(1, min(200, int(20 / max(estimate_ms, 1e-3)))))
+        ms, why = graph_ms(fn, calls=self.graph_calls(estimate_ms))
         if why:
             print(f"  (no graph timing: {why})")
         return ms, why
+
+    @staticmethod
+    def graph_calls(estimate_ms: float) -> int:
+        """Calls in one graph: ~20 ms worth."""
+        return max(1, min(200, int(20 / max(estimate_ms, 1e-3))))
+
+    def paired(self, fn, other, estimate_ms: float) -> tuple[float | None, list | None, str | None]:
+        """other's graph-replay time over fn's in paired rounds (paired_graph_ratio)."""
+        if not self.gpu:
+            return None, None, "no GPU"
+        return paired_graph_ratio(fn, other, self.graph_calls(estimate_ms))

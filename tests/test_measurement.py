@@ -63,6 +63,37 @@ def test_sdpa_sweep_times_many_calls_between_two_events(monkeypatch):
 
 
 # ---- the kernel benchmark's SDPA label ---------------------------------------------------
+def test_paired_graph_ratio_cancels_a_drifting_clock(monkeypatch):
+    """Each round replays fn, other, other, fn: a GPU that slows by 2% a replay (its clock
+    falling with its heat) still gives the true ratio, 1.25, where timing one graph and then
+    the other would read the drift into it. A failed capture says why."""
+    from harness import measure
+
+    made, clock = [], {"scale": 1.0}
+
+    def capture(fn, calls, warmup_calls=1):
+        made.append(fn)
+        return fn
+
+    def median(device, work, warmup=3, repeats=10, **_):
+        clock["scale"] += 0.02
+        return work() * clock["scale"]
+
+    monkeypatch.setattr(measure, "capture_graph", capture)
+    monkeypatch.setattr(measure, "median_ms", median)
+    ratio, middle, why = measure.paired_graph_ratio(lambda: 4.0, lambda: 5.0, calls=3)
+    assert why is None and len(made) == 2
+    assert ratio == pytest.approx(1.25) and middle == pytest.approx([1.25, 1.25])
+
+    def broken(fn, calls, warmup_calls=1):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(measure, "capture_graph", broken)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    assert measure.paired_graph_ratio(lambda: 1, lambda: 1, calls=3) == (
+        None, None, "RuntimeError: operation not permitted when stream is capturing")
+
+
 def test_bench_kernels_probes_sdpa_in_the_benchmarks_precision(monkeypatch):
     load_version("v4")
     probe = importlib.import_module("version4_sdpa.sdpa_probe")
