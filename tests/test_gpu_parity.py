@@ -183,7 +183,14 @@ def test_gpu_sdpa_sweep_times_device_work():
 
 
 def test_gpu_matmul_ceiling_is_stable():
+    """Two probes of the matmul ceiling agree within STABLE_PERCENT - on a GPU that runs
+    nothing else: beside other test processes sharing it (pytest-xdist), they need not."""
+    import os
+
     from harness import probes
+
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("times the GPU: run it alone (pytest -m gpu without -n, or this test by itself)")
 
     first, second = (probes.matmul_probe("cuda", "bf16")["tflops"] for _ in range(2))
     assert probes.spread_percent(first, second) <= probes.STABLE_PERCENT, (first, second)
