@@ -78,6 +78,11 @@ TARGETS = {"rmsnorm_copy_fraction": 0.6, "swiglu_copy_fraction": 0.7,
            (16, 16, 16, 512, 64): 0.8, (4, 16, 16, 2048, 128): 0.7}  # SDPA time / ours
 
 
+def fwd_bwd_step(op, inputs, grad_out):
+    """One forward + backward of op(*inputs) through autograd: what is timed and replayed."""
+    return lambda: torch.autograd.grad(op(*inputs), inputs, grad_out)
+
+
 def fwd_bwd_times(timer: Timer, op, inputs, grad_out) -> dict:
     """Forward, backward and forward+backward times of op(*inputs) (all inputs need
     grad). Only forward+backward is replayed from a graph: it is the one call whose
@@ -88,10 +93,7 @@ def fwd_bwd_times(timer: Timer, op, inputs, grad_out) -> dict:
     # Drop that autograd graph: a graph kept alive across the CUDA-graph capture below
     # makes autograd accumulate on the wrong stream and the capture fail.
     del out
-
-    def step():
-        return torch.autograd.grad(op(*inputs), inputs, grad_out)
-
+    step = fwd_bwd_step(op, inputs, grad_out)
     both = timer.bench(step)
     graph_ms, graph_error = timer.graph(step, both)
     return {"fwd_ms": fwd, "bwd_ms": bwd, "fwd_bwd_ms": both, "fwd_bwd_graph_ms": graph_ms,
@@ -247,9 +249,6 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
                 **times, "flops": flops,
                 "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12}
 
-    def step(op, inputs):  # forward + backward, as fwd_bwd_times replays it
-        return lambda: torch.autograd.grad(op(*inputs), inputs, do)
-
     rows = [timed(name, op, inputs) for name, op, inputs in (
             ("triton", tk.flash_attention, [q, k, v]),
             (f"sdpa ({sdpa_kernel_name(shape, dtype, device)})", sdpa, [q, k, v]),
@@ -261,8 +260,8 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     ours, theirs, inside, first, gathered, whole = rows
     add_time_ratios(ours, theirs, "sdpa", "ours")
     # The ratio the targets judge, once more with both graphs replayed in each round
-    ratio, middle, _ = timer.paired(step(tk.flash_attention, [q, k, v]), step(sdpa, [q, k, v]),
-                                    ours["fwd_bwd_ms"])
+    ratio, middle, _ = timer.paired(fwd_bwd_step(tk.flash_attention, [q, k, v], do),
+                                    fwd_bwd_step(sdpa, [q, k, v], do), ours["fwd_bwd_ms"])
     if ratio is not None:
         ours["sdpa_graph_time_over_ours_paired"], ours["paired_middle_half"] = ratio, middle
     add_time_ratios(inside, first, "rope_first", "inside")

@@ -85,10 +85,15 @@ def graph_ms(fn, calls: int, repeats: int = 5, warmup_calls: int = 3) -> tuple[f
     try:
         replay = capture_graph(fn, calls, warmup_calls)
     except Exception as e:  # capture raises many types: say which and why
-        torch.cuda.synchronize()
-        return None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        return None, _capture_failed(e)
     ms = median_ms(torch.device("cuda"), replay, warmup=1, repeats=repeats)
     return ms / calls, None
+
+
+def _capture_failed(error: Exception) -> str:
+    """Why a graph capture failed, in one line (after the GPU has drained what it began)."""
+    torch.cuda.synchronize()
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"
 
 
 def paired_graph_ratio(fn, other, calls: int, rounds: int = 9
@@ -101,8 +106,7 @@ def paired_graph_ratio(fn, other, calls: int, rounds: int = 9
     try:
         replays = [capture_graph(f, calls, warmup_calls=3) for f in (fn, other)]
     except Exception as e:  # capture raises many types: say which and why
-        torch.cuda.synchronize()
-        return None, None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        return None, None, _capture_failed(e)
     gpu = torch.device("cuda")
     ratios = []
     for _ in range(rounds):

@@ -285,7 +285,8 @@ def _plan(recorded: list, tensors: list) -> Optional[tuple]:
         found = launch_args.slots(args, where, launcher)
         if found is None:
             return None
-        launches.append((found[0], grid, head, *found[1:], tail, name, last))
+        call, template, address_slots = found  # call: the C launch under a MapLaunch
+        launches.append((call, grid, head, template, address_slots, tail, name, last))
     return (device, tuple(same), tuple(launches)) if launches else None
 
 
