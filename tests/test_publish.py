@@ -330,6 +330,20 @@ def test_host_overhead_table_is_published_with_its_kernels_step(tmp_path, monkey
                                     "git_commit": "abc1234"}
 
 
+def test_kernel_table_states_attention_ratios_timed_apart_and_in_paired_rounds():
+    """Under the kernel table, SDPA's time over ours for each attention row that has one:
+    the paired-round ratio with its middle half where bench_kernels measured it."""
+    rows = [{"shape": "b4 h16 s2048 d128", "impl": "triton", "sdpa_graph_time_over_ours": 0.94,
+             "sdpa_graph_time_over_ours_paired": 0.97, "paired_middle_half": [0.96, 0.98]},
+            {"shape": "b4 h16 s2048 d128", "impl": "sdpa (cudnn)"},
+            {"shape": "b4 h16 s2048 d128", "impl": "triton, portable", "sdpa_graph_time_over_ours": 0.81}]
+    text = blocks.render("kernels", {"kernels": {"attention": rows}})
+    assert "* b4 h16 s2048 d128: 0.94 timed apart, 0.97 in paired rounds (middle half 0.96-0.98)" in text
+    assert "* b4 h16 s2048 d128, triton, portable: 0.81 timed apart\n" in text + "\n"
+    assert "cudnn):" not in text
+    assert "paired rounds" not in blocks.render("kernels", {"kernels": {"attention": rows[1:2]}})
+
+
 def test_gpu_slug():
     from harness.device import gpu_slug
     assert gpu_slug("NVIDIA H200") == "h200"
