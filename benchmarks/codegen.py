@@ -175,7 +175,7 @@ def hopper_config(kernel: str) -> dict:
 
 def hopper_source(job: dict):
     """The Gluon kernel with its signature: TMA descriptors of (BLOCK, D) tiles, the model's
-    layout (a row per token), one query head per k/v head."""
+    layout (a row per token) for inputs and outputs, one query head per k/v head."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from version3_triton.kernels import attention_hopper as hopper
@@ -183,7 +183,8 @@ def hopper_source(job: dict):
     config, width, dtype = job["config"], job["width"], job["dtype"]
     layout = gl.NVMMASharedLayout.get_default_for([config["BLOCK_M"], width],
                                                   gl.bfloat16 if dtype == "bf16" else gl.float16)
-    constexprs = dict(Q_BY_TOKEN=True, KV_BY_TOKEN=True, BLOCK_M=config["BLOCK_M"],
+    constexprs = dict(Q_BY_TOKEN=True, KV_BY_TOKEN=True, O_BY_TOKEN=True, DQ_BY_TOKEN=True,
+                      DKV_BY_TOKEN=True, BLOCK_M=config["BLOCK_M"],
                       BLOCK_N=config["BLOCK_N"], HEAD_D=width, STAGES=config["num_stages"],
                       num_warps=config["num_warps"], GROUP=1)
     constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}

@@ -1,25 +1,23 @@
 """Causal flash attention for Hopper (H100/H200, sm_90) in Gluon, at head size 128.
 
 Why a second set of kernels: at head size 128 on Hopper, Triton's `tl.dot` kernels spill
-registers in every backward tile, and their forward cannot overlap the softmax with the
-matrix units: `tl.dot` leaves each product's wait to the compiler. Gluon (Triton's
-lower-level dialect) writes what `tl.dot` hides: each tile's register layout, TMA copies
-(the tensor-memory accelerator moves a tile into shared memory by itself and signals an
-mbarrier), and Hopper's asynchronous `warpgroup_mma`, each wait placed by hand. Same maths
-and saved tensors (O, the base-2 LSE) as flash_attention.py: the two paths mix freely.
+registers in every backward tile, and their forward cannot overlap the softmax with the matrix
+units: `tl.dot` leaves each product's wait to the compiler. Gluon (Triton's lower-level
+dialect) writes what `tl.dot` hides: each tile's register layout, TMA copies (the
+tensor-memory accelerator moves a tile between global and shared memory by itself), and
+Hopper's asynchronous `warpgroup_mma`, each wait placed by hand. Same maths and saved tensors
+(O, the base-2 LSE) as flash_attention.py: the two paths mix freely.
 
     forward   a program per query block; Q once, K and V through a ring of STAGES slots;
-              FlashAttention-3's order: S_j+1 = Q K_j+1^T and P_j V_j in flight together
-              while the softmax of block j+1 runs beside them.
-    dQ        a program per query block, K and V streamed; stores delta = rowsum(O * dO)
-              for the dK/dV kernel, as V3's dQ kernel does.
-    dK, dV    a program per key block, K and V held, Q and dO streamed over the query
-              blocks below the diagonal (of each query head of the GQA group); S^T and
-              dP^T issued together, P^T and dS^T fed to the matrix units from registers.
+              S_j+1 = Q K_j+1^T and P_j V_j in flight while the softmax of block j+1 runs.
+    dQ        a program per query block, K and V streamed; stores delta = rowsum(O * dO).
+    dK, dV    a program per key block, K and V held, Q and dO streamed over the query blocks
+              below the diagonal (of each query head of the GQA group).
 
-64 x 64 tiles at 4 warps: two programs share an SM (~100 KB of shared memory each), one's
-softmax running while the other's products do. Chosen where it pays (supported(): Hopper,
-head size 128); everywhere else flash_attention.py's kernels run.
+Each result tile leaves by TMA through the shared memory of an operand tile the program has
+finished with. 64 x 64 tiles at 4 warps: two programs share an SM (~100 KB of shared memory
+each), one's softmax running while the other's products do. Chosen where it pays
+(supported(): Hopper, head size 128); everywhere else flash_attention.py's kernels run.
 """
 from __future__ import annotations
 
@@ -39,8 +37,9 @@ try:  # Gluon arrived in Triton 3.4 and its API still moves between releases
                                                                   tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    # Triton 3.6 names the TMA load async_copy_global_to_shared, later releases async_load
+    # Triton 3.6 names the TMA copies async_copy_*, later releases async_load / async_store
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     AVAILABLE = True
 except (ImportError, AttributeError):
     AVAILABLE = False
@@ -81,17 +80,10 @@ def by_token(t: torch.Tensor, address: bool = True):
     return None
 
 
-def _rows(t: torch.Tensor, token: bool) -> tuple:
-    """The 2D view's shape and row stride, t's layout being by_token(t)."""
-    B, H, T, D = t.shape
-    return ((B * T, H * D), t.stride(2)) if token else ((B * H * T, D), D)
-
-
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = False) -> bool:
     """Run these kernels? K and V in one layout (by_token), no forced attention config
-    (V3_ATTN_*_CONFIG). Eager calls only: while torch.compile traces, traced=True asks
-    whether to call the opaque operator that runs them (flash_attention.py), whose call
-    asks again, addresses and all."""
+    (V3_ATTN_*_CONFIG). Eager calls only: while torch.compile traces, traced=True asks whether
+    to call the opaque operator that runs them (flash_attention.py), which asks again."""
     if not (AVAILABLE and ENABLED and q.is_cuda) or INTERPRET or torch.version.hip:
         return False
     if not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling()):
@@ -110,8 +102,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = 
 if AVAILABLE:
     @gluon.jit
     def _load_pair(a_desc, b_desc, a_smem, b_smem, bars, row, col, slot, pred):
-        """TMA: the tile at (row, col) of each (K and V, or Q and dO: read through the same
-        map) into ring slot `slot`, both signalling its mbarrier."""
+        """TMA: the tiles at (row, col) of K and V (or Q and dO) into ring slot `slot`."""
         bar = bars.index(slot)
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
         _tma_load(a_desc, [row, col], bar, a_smem.index(slot), pred=pred)
@@ -144,6 +135,14 @@ if AVAILABLE:
             return (b * n_heads + h) * seq_len, 0
 
     @gluon.jit
+    def _store_tile(tile, smem, desc, row, col):
+        """A result tile out by TMA through `smem`, a tile the program reads no more: one bulk
+        copy, not each thread's few bytes a row (the caller waits: tma.store_wait)."""
+        smem.store(tile)
+        fence_async_shared()  # the threads' writes, visible to the TMA unit
+        _tma_store(desc, [row, col], smem)
+
+    @gluon.jit
     def _softmax_step(s, m_i, l_i, qk_scale, q_pos, kv_start, MASK: gl.constexpr,
                       BLOCK_N: gl.constexpr, mma: gl.constexpr):
         """The online softmax of one score tile: P, the new running max and sum, and the
@@ -157,10 +156,10 @@ if AVAILABLE:
         return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
 
     @gluon.jit
-    def _attn_fwd(q_desc, k_desc, v_desc, O, LSE, so_b, so_h, so_t, seq_len, n_heads, group,
-                  qk_scale, Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                  STAGES: gl.constexpr, num_warps: gl.constexpr):
+    def _attn_fwd(q_desc, k_desc, v_desc, o_desc, LSE, seq_len, n_heads, group, qk_scale,
+                  Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                  O_BY_TOKEN: gl.constexpr, num_warps: gl.constexpr):
         pid_m, bh, b, h, kv_h = _query_block(n_heads, group)
         dtype: gl.constexpr = q_desc.dtype
         # The score tile's layout is the one wgmma writes; P is fed back as its A operand
@@ -219,17 +218,16 @@ if AVAILABLE:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
 
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_mma))[:, None]
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_mma))
-        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_mma))
-        gl.store(O + b.to(gl.int64) * so_b + h * so_h + rows[:, None] * so_t + cols[None, :],
-                 out.to(dtype))
+        o_row, o_col = _row_col(b, h, n_heads, seq_len, O_BY_TOKEN, HEAD_D)
+        _store_tile(out.to(dtype), q_smem, o_desc, o_row + pid_m * BLOCK_M, o_col)
         gl.store(LSE + bh * seq_len + q_pos, m_i + gl.log2(l_i))
+        tma.store_wait(0)
 
     @gluon.jit
-    def _attn_bwd_dq(q_desc, k_desc, v_desc, do_desc, O, LSE, DELTA, DQ, so_b, so_h, so_t,
-                     sdq_b, sdq_h, sdq_t, seq_len, n_heads, group, sm_scale, qk_scale,
-                     Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+    def _attn_bwd_dq(q_desc, k_desc, v_desc, do_desc, O, LSE, DELTA, dq_desc, so_b, so_h, so_t,
+                     seq_len, n_heads, group, sm_scale, qk_scale, Q_BY_TOKEN: gl.constexpr,
+                     KV_BY_TOKEN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, DQ_BY_TOKEN: gl.constexpr,
                      num_warps: gl.constexpr):
         pid_m, bh, b, h, kv_h = _query_block(n_heads, group)
         dtype: gl.constexpr = q_desc.dtype
@@ -288,17 +286,16 @@ if AVAILABLE:
             dq = warpgroup_mma(ds, k_s, dq, is_async=True)
             dq = warpgroup_mma_wait(0, deps=(dq, ))
 
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_mma))
-        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_mma))
-        gl.store(DQ + b.to(gl.int64) * sdq_b + h * sdq_h + rows[:, None] * sdq_t + cols[None, :],
-                 (dq * sm_scale).to(dtype))
+        dq_row, dq_col = _row_col(b, h, n_heads, seq_len, DQ_BY_TOKEN, HEAD_D)
+        _store_tile((dq * sm_scale).to(dtype), q_smem, dq_desc, dq_row + pid_m * BLOCK_M, dq_col)
+        tma.store_wait(0)
 
     @gluon.jit
-    def _attn_bwd_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, sdk_b, sdk_h, sdk_t,
-                       sdv_b, sdv_h, sdv_t, seq_len, n_heads, GROUP: gl.constexpr, sm_scale,
-                       qk_scale, Q_BY_TOKEN: gl.constexpr, KV_BY_TOKEN: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                       STAGES: gl.constexpr, num_warps: gl.constexpr):
+    def _attn_bwd_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, dk_desc, dv_desc, seq_len,
+                       n_heads, GROUP: gl.constexpr, sm_scale, qk_scale, Q_BY_TOKEN: gl.constexpr,
+                       KV_BY_TOKEN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, DKV_BY_TOKEN: gl.constexpr,
+                       num_warps: gl.constexpr):
         pid_n = gl.program_id(1)  # key block 0 sees every query block: the longest first
         bh_kv = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
         n_kv_heads = n_heads // GROUP
@@ -366,20 +363,17 @@ if AVAILABLE:
                 dk = warpgroup_mma(dst, q_s, dk, is_async=True)
                 dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
 
-        rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_mma))
-        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_mma))
-        b64 = b.to(gl.int64)
-        gl.store(DK + b64 * sdk_b + kv_h * sdk_h + rows[:, None] * sdk_t + cols[None, :],
-                 (dk * sm_scale).to(dtype))
-        gl.store(DV + b64 * sdv_b + kv_h * sdv_h + rows[:, None] * sdv_t + cols[None, :],
-                 dv.to(dtype))
+        d_row, d_col = _row_col(b, kv_h, n_kv_heads, seq_len, DKV_BY_TOKEN, HEAD_D)
+        _store_tile((dk * sm_scale).to(dtype), k_smem, dk_desc, d_row + n0, d_col)
+        _store_tile(dv.to(dtype), v_smem, dv_desc, d_row + n0, d_col)
+        tma.store_wait(0)
 
 
 # ---- launchers ---------------------------------------------------------------------------
 _LOG2_E = 1.4426950408889634
 # The launch order (_grid): SET_HEADS kv heads at a time, the longest blocks of the set first, so
-# its K and V (8 MiB at 2k tokens) stay in L2 while its programs read them. On an H200 that beat
-# one head after another at every shape tried; sets of 16 or 32 kv heads were slower at most.
+# its K and V (8 MiB at 2k tokens) stay in L2 while its programs read them: on an H200 faster than
+# one head after another at every shape tried, and than sets of 16 or 32 at most.
 SET_HEADS = 8
 
 
@@ -390,10 +384,10 @@ def _grid(n_kv: int, T: int, group: int) -> tuple:
 
 
 def _descriptor(t: torch.Tensor, token: bool, rows: int = BLOCK):
-    """A TMA descriptor over t's 2D view (token: by_token(t)) that moves (rows, D) tiles."""
-    shape, stride = _rows(t, token)
-    return TensorDescriptor(t, list(shape), [stride, 1], [rows, t.shape[-1]],
-                            _smem_layout(rows, t.shape[-1], t.dtype))
+    """A TMA descriptor that moves (rows, D) tiles of t's 2D view, by_token(t) being `token`."""
+    B, H, T, D = t.shape
+    shape, stride = ((B * T, H * D), t.stride(2)) if token else ((B * H * T, D), D)
+    return TensorDescriptor(t, list(shape), [stride, 1], [rows, D], _smem_layout(rows, D, t.dtype))
 
 
 @functools.lru_cache(maxsize=None)  # Gluon works it out in ~16 us of Python, every call
@@ -420,20 +414,26 @@ def _launch(launches, stages: int) -> bool:
 
 
 def forward(q, k, v, o, lse, sm_scale: float) -> bool:
-    """Write O (B, H, T, D) and LSE (B, H, T) fp32; False if the kernel did not build."""
+    """Write o and lse (B, H, T) fp32; False if the kernel did not build or TMA cannot write o."""
     (B, H, T, D), H_kv = q.shape, k.shape[1]
-    q_token, kv_token = by_token(q), by_token(k)  # (supported(): v's is k's)
-    descriptors = [_descriptor(t, tok) for t, tok in zip((q, k, v), (q_token, kv_token, kv_token))]
+    q_token, kv_token, o_token = by_token(q), by_token(k), by_token(o)  # (v's is k's)
+    if o_token is None:
+        return False
+    descriptors = [_descriptor(t, tok) for t, tok in
+                   zip((q, k, v, o), (q_token, kv_token, kv_token, o_token))]
     return _launch([("attn_fwd", _attn_fwd, _grid(B * H_kv, T, H // H_kv), [
-        *descriptors, o, lse, *o.stride()[:3], T, H, H // H_kv, sm_scale * _LOG2_E, q_token,
-        kv_token, BLOCK, BLOCK, D, FWD_STAGES])], FWD_STAGES)
+        *descriptors, lse, T, H, H // H_kv, sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK,
+        D, FWD_STAGES, o_token])], FWD_STAGES)
 
 
 def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> bool:
     """Write dq, dk, dv ((B, heads, T, D) tensors or views) and delta (lse's shape), the dQ
-    kernel first: it stores delta for the dK/dV kernel. False if they did not build."""
+    kernel first: it stores delta for the dK/dV kernel. False if they did not build, or TMA
+    cannot write the gradients (dk and dv in one layout)."""
     (B, H, T, D), H_kv = q.shape, k.shape[1]
-    q_token, kv_token = by_token(q), by_token(k)
+    q_token, kv_token, dq_token, dkv_token = map(by_token, (q, k, dq, dk))
+    if dq_token is None or dkv_token is None or by_token(dv) != dkv_token:
+        return False
     if by_token(grad_o) != q_token:  # dO is read through Q's map: a copy in Q's layout
         grad_o = (grad_o.transpose(1, 2).contiguous().transpose(1, 2) if q_token
                   else grad_o.contiguous())
@@ -441,8 +441,10 @@ def backward(grad_o, q, k, v, o, lse, sm_scale: float, dq, dk, dv, delta) -> boo
                    zip((q, k, v, grad_o), (q_token, kv_token, kv_token, q_token))]
     shared = (T, H, H // H_kv, sm_scale, sm_scale * _LOG2_E, q_token, kv_token, BLOCK, BLOCK, D,
               BWD_STAGES)
-    dq_args = [*descriptors, o, lse, delta, dq, *o.stride()[:3], *dq.stride()[:3], *shared]
-    dkdv_args = [*descriptors, lse, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], *shared]
+    dq_args = [*descriptors, o, lse, delta, _descriptor(dq, dq_token), *o.stride()[:3], *shared,
+               dq_token]
+    dkdv_args = [*descriptors, lse, delta, *(_descriptor(t, dkv_token) for t in (dk, dv)), *shared,
+                 dkv_token]
     return _launch([("attn_bwd_dq", _attn_bwd_dq, _grid(B * H_kv, T, H // H_kv), dq_args),
                     ("attn_bwd_dkdv", _attn_bwd_dkdv, _grid(B * H_kv, T, 1), dkdv_args)],
                    BWD_STAGES)

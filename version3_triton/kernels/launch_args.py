@@ -9,7 +9,7 @@ A TMA descriptor (attention_hopper.py's kernels take them) reaches the GPU as a 
 128 bytes that encode a tile's address, shape, strides and swizzle, which the CUDA driver
 builds on the host (cuTensorMapEncodeTiled) and the launch copies into the kernel's
 parameters. Triton 3.6's launcher builds one for every descriptor on every launch, behind a
-Python wrapper, from a Gluon TensorDescriptor the caller built: eleven maps and seven
+Python wrapper, from a Gluon TensorDescriptor the caller built: fifteen maps and eleven
 descriptors in a forward + backward. `MapLaunch` calls the C launch under that wrapper itself,
 with each map encoded by Triton's own function once per address, shape and strides. A plan
 goes one step further: it calls the C launch itself, its template already holding the shape
