@@ -88,6 +88,22 @@ def test_hopper_path_reads_the_models_layout_and_pytorchs():
     assert not hopper.supported(q, q, q)  # no GPU here, or not this one's tensors
 
 
+def test_hopper_kernels_leave_outputs_tma_cannot_write_to_the_portable_ones():
+    """The Hopper kernels write O, dQ, dK and dV by TMA: an output in a layout TMA cannot
+    write (or dK and dV in two layouts) makes them decline before any launch, so the caller
+    runs the portable kernels, and the Hopper path stays on for the next call."""
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 64)
+    odd = torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16).transpose(2, 3)  # D not contiguous
+    by_token = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert hopper.by_token(odd) is None and hopper.by_token(by_token) is True
+    assert hopper.forward(q, q, q, odd, lse, 0.1) is False
+    for dq, dk, dv in ((odd, q.clone(), q.clone()), (q.clone(), odd, odd),
+                       (q.clone(), q.clone(), by_token)):
+        assert hopper.backward(q, q, q, q, q, lse, 0.1, dq, dk, dv, lse.clone()) is False
+    assert hopper.ENABLED
+
+
 @pytest.mark.parametrize("n_kv, group", [(64, 2), (16, 1), (12, 4), (7, 2), (3, 1)])
 def test_hopper_grid_runs_every_head_in_sets_of_kv_heads(n_kv, group):
     """The launch order: sets of at most SET_HEADS kv heads, each with its query heads, on
