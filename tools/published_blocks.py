@@ -222,9 +222,10 @@ def attention_ratios(rows: list[dict]) -> str:
         lines.append(line)
     if not lines:
         return ""
-    return ("SDPA's forward + backward time over V3's, both replayed from CUDA "
-            "graphs; paired rounds replay ours, SDPA, SDPA, ours, nine times, so a clock that "
-            "drifts over the run moves both alike:\n\n" + "\n".join(f"* {line}" for line in lines))
+    return ("SDPA's forward + backward time over V3's, both replayed from CUDA graphs; each "
+            "paired round replays ours, SDPA, SDPA, ours (the median round counts), so a clock "
+            "that drifts over the run moves both alike:\n\n"
+            + "\n".join(f"* {line}" for line in lines))
 
 
 def host_overhead_table(s: dict) -> str:
