@@ -235,6 +235,25 @@ def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
     assert rmsnorm.rmsnorm_config("rmsnorm_fwd", 1024, nvidia)["BLOCK_ROWS"] == 1
 
 
+def test_rmsnorm_backward_rule_gives_wide_fp32_rows_32_elements_a_thread():
+    """The rule's one measured exception: the backward of fp32 rows of 2048+ on NVIDIA holds
+    32 elements a thread (the large preset's residual stream); bf16 rows, 1024-wide rows,
+    the forward and AMD keep the general rule. A launch reports x's element size to it."""
+    from version3_triton.kernels.target import amd_target
+    nvidia, amd = common.nvidia_target(90), amd_target("gfx942")
+    wide = rmsnorm.rmsnorm_config("rmsnorm_bwd", 2048, nvidia, 4)
+    assert wide == dict(BLOCK_ROWS=1, num_warps=2, num_stages=1)
+    assert rmsnorm.rmsnorm_config("rmsnorm_bwd", 4096, nvidia, 4)["num_warps"] == 4
+    assert rmsnorm.rmsnorm_config("rmsnorm_bwd", 2048, nvidia, 2)["num_warps"] == 4
+    for kernel, n_cols, target in (("rmsnorm_bwd", 1024, nvidia), ("rmsnorm_fwd", 2048, nvidia),
+                                   ("rmsnorm_bwd", 2048, amd), ("rmsnorm_bwd", 4096, amd)):
+        assert (rmsnorm.rmsnorm_config(kernel, n_cols, target, 4)
+                == rmsnorm.rmsnorm_config(kernel, n_cols, target, 2)), (kernel, n_cols, target)
+    spec = configs.SPECS["rmsnorm_bwd"]
+    assert configs.candidates(spec, nvidia, 2048, 4) == [wide]
+    assert spec.size({"X": torch.zeros(2, 2048)}, {"BLOCK_COLS": 2048}) == (2048, 4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_rms_norm_low_precision_error_within_2x_pytorch(dtype):

@@ -103,7 +103,8 @@ class KernelSpec:
     shared_bytes: Callable[[dict, int, int], int]  # (config, width, elem bytes) -> estimate
     size: Callable[[dict, dict], tuple]  # (args, constexprs) -> (width, elem bytes[, variant])
     check: Callable[[dict], None] = lambda config: None  # ValueError for an impossible config
-    rule: Optional[Callable[[Target, int], dict]] = None  # the one config of a memory-bound kernel
+    rule: Optional[Callable[[Target, int, int], dict]] = None  # (target, width, elem bytes) ->
+    #                                                    the one config of a memory-bound kernel
 
 
 SPECS: dict[str, KernelSpec] = {}  # filled by rmsnorm.py, rope.py, attention_tiles.py, swiglu.py,
@@ -116,7 +117,7 @@ def candidates(spec: KernelSpec, target: Target, width: int, elem_bytes: int,
     config, or the candidates whose shared memory fits (the smallest if none does).
     variant: a compiled variant with lists of its own (attention: "rope"), else None."""
     if spec.rule is not None:
-        return [usable_on(spec.rule(target, width), target)]
+        return [usable_on(spec.rule(target, width, elem_bytes), target)]
     listed = (spec.configs(target, width) if variant is None
               else spec.configs(target, width, variant))
     configs = [usable_on(c, target) for c in listed]

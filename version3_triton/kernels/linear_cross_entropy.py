@@ -72,7 +72,7 @@ def _cross_entropy_kernel(Z, TARGETS, LOSSES, n_vocab, stride_z, grad_scale,
 
 # Launch configuration: a row reduction read twice, by rule (common.launch): BLOCK_V columns
 # a step, up to 4096 (16 fp32 values per thread of 8 warps), so a 32k vocabulary takes eight.
-def _rule(target, width=None):
+def _rule(target, width=None, elem_bytes=None):
     return dict(num_warps=8 if (width or 0) >= 2048 else 4, num_stages=1)
 
 

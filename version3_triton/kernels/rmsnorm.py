@@ -140,7 +140,8 @@ MAX_NORM_COLS = 65536  # one row must fit in one program's registers
 NORM_SCRATCH_BYTES = 16 * 1024
 
 
-def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None) -> dict:
+def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None,
+                   elem_bytes: int = 2) -> dict:
     """The RMSNorm launch configuration for rows of n_cols elements.
 
     BLOCK_COLS = next_power_of_2(n_cols) holds a whole row. Short rows are
@@ -152,11 +153,17 @@ def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None) ->
     that the ~4 programs per compute unit it launches all fit at once.
     At most 16 warps: very wide rows (>= 16k) then hold more per thread and
     spill registers to memory - slower, still correct.
+    One measured exception (elem_bytes: x's element size): the backward of fp32 rows of
+    2048 or more (the large preset's residual stream) on 32-lane warps holds 32 elements per
+    thread, half the warps: measured about a third faster that way (V3's README, "Run, switch
+    off, tune"). bf16 rows, 1024-wide fp32 rows and AMD's wavefronts keep 16.
     """
     cols = common.next_power_of_2(n_cols)
-    per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
-    rows = max(1, min_tile // cols)
     lanes = (target or common.current_target()).warp_size
+    per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
+    if kernel == "rmsnorm_bwd" and elem_bytes == 4 and cols >= 2048 and lanes == 32:
+        per_thread = 32
+    rows = max(1, min_tile // cols)
     warps = min(16, max(1, rows * cols // (per_thread * lanes)))
     return dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
 
@@ -172,8 +179,9 @@ def _spec(kernel: str) -> KernelSpec:
     # results through a scratch area (<= 8 KiB for every config and hidden size up to
     # 64k, both vendors), counted as 16 KiB.
     return KernelSpec(kernel, None, lambda config, width, elem: NORM_SCRATCH_BYTES,
-                      lambda args, constexprs: (constexprs["BLOCK_COLS"], 4), _check,
-                      rule=lambda target, width: rmsnorm_config(kernel, width, target))
+                      lambda args, constexprs: (constexprs["BLOCK_COLS"],
+                                                args["X"].element_size()), _check,
+                      rule=lambda target, width, elem: rmsnorm_config(kernel, width, target, elem))
 
 
 FWD, BWD = configs.SPECS["rmsnorm_fwd"], configs.SPECS["rmsnorm_bwd"] = (

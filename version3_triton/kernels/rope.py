@@ -59,7 +59,7 @@ def _rope_kernel(X, COS, SIN, Y, seq_len, n_heads, stride_xb, stride_xt, stride_
 KERNEL = configs.SPECS["rope"] = KernelSpec(
     "rope", None, lambda config, width, elem_bytes: 0,
     lambda args, constexprs: (2 * constexprs["HALF"], 4),
-    rule=lambda target, width: dict(num_warps=4, num_stages=1))
+    rule=lambda target, width, elem_bytes: dict(num_warps=4, num_stages=1))
 
 
 def rope_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

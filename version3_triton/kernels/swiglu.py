@@ -65,7 +65,7 @@ def _swiglu_bwd_kernel(GU, DY, DGU, n_cols, stride_gu, stride_dy, stride_dgu,
 # Launch configuration: an elementwise kernel, one block of BLOCK columns of one row per
 # program (1024 bf16 values: 16-byte loads for every thread of 4 warps), by rule, so
 # nothing is timed (common.launch).
-def _rule(target, width=None):
+def _rule(target, width=None, elem_bytes=None):
     return dict(num_warps=4, num_stages=1)
 
 
