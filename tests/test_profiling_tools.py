@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,9 @@ V1 = str(REPO / "version1_baseline" / "tiny_llama_v1.py")
 
 def run(script, *args, tmp_path, fakes=ALL_FAKES, env=None, cwd=REPO):
     """Run a wrapper with only the chosen fakes (and the system's basic tools) on PATH,
-    in a session of its own: a fake's Ctrl-C (FAKE_CTRL_C) reaches the wrapper, not pytest."""
+    in a session of its own: a fake's Ctrl-C (FAKE_CTRL_C) reaches the wrapper, not pytest.
+    SIGINT is set back to its default there: a shell started in the background (`make test &`)
+    hands its children SIGINT ignored, and the wrapper would never see the Ctrl-C."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     for name in fakes:
@@ -33,7 +36,8 @@ def run(script, *args, tmp_path, fakes=ALL_FAKES, env=None, cwd=REPO):
     full_env = {"PATH": f"{bindir}:{SYSTEM_PATH}", "HOME": str(tmp_path), "LANG": "C.UTF-8",
                 "PYTHON": sys.executable, "FAKE_LOG": str(tmp_path / "fake.log"), **(env or {})}
     return subprocess.run(["bash", str(REPO / script), *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=180, start_new_session=True)
+                          capture_output=True, text=True, timeout=180, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def logged(tmp_path) -> list[list[str]]:
