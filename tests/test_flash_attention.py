@@ -198,8 +198,7 @@ def test_gpu_hopper_kernels_replay_their_plans_bitwise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["by head", "by token"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 128), (2, 8, 4, 192, 128), (1, 2, 1, 64, 128),
-                                   (2, 4, 4, 256, 64), (2, 8, 2, 192, 64)],
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 128), (2, 8, 4, 192, 128), (1, 2, 1, 64, 128)],
                          ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
 def test_gpu_hopper_kernels_error_within_2x_pytorch(shape, dtype, layout):
     """The Gluon kernels ran (chosen_configs says so), their error at most ~2x PyTorch's

@@ -1,4 +1,4 @@
-"""Causal flash attention for Hopper (H100/H200, sm_90) in Gluon, at head sizes 64 and 128.
+"""Causal flash attention for Hopper (H100/H200, sm_90) in Gluon, at head size 128.
 
 Why a second set of kernels: at head size 128 on Hopper, Triton's `tl.dot` kernels spill
 registers in every backward tile, and their forward cannot overlap the softmax with the matrix
@@ -15,9 +15,9 @@ Hopper's asynchronous `warpgroup_mma`, each wait placed by hand. Same maths and 
               below the diagonal (of each query head of the GQA group).
 
 Each result tile leaves by TMA through the shared memory of an operand tile the program has
-finished with. 64 x 64 tiles at 4 warps: programs share an SM (two at head size 128, ~100 KB of
-shared memory each), one's softmax running while another's products do. Chosen where it pays
-(supported(): Hopper, head size 64 or 128); everywhere else flash_attention.py's kernels run.
+finished with. 64 x 64 tiles at 4 warps: two programs share an SM (~100 KB of shared memory
+each), one's softmax running while the other's products do. Chosen where it pays
+(supported(): Hopper, head size 128); everywhere else flash_attention.py's kernels run.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ try:  # Gluon arrived in Triton 3.4 and its API still moves between releases
 except (ImportError, AttributeError):
     AVAILABLE = False
 
-HEAD_DIMS = (64, 128)  # 128: Triton's kernels spill on Hopper; 64: these are faster (README)
+HEAD_DIM = 128  # where Triton's kernels spill on Hopper; at 64 they keep up with cuDNN
 BLOCK, FWD_STAGES, BWD_STAGES, WARPS = 64, 3, 2, 4
 HOW = "Hopper kernel (Gluon, attention_hopper.py)"
 ENABLED = True  # False: flash_attention.py's kernels everywhere (a failed build, portable())
@@ -91,7 +91,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = 
     if any(name.startswith("attn") for name in configs.FORCED_CONFIGS):
         return False
     B, H, T, D = q.shape
-    if not (D in HEAD_DIMS and T % BLOCK == 0 and T > 0 and B * H > 0
+    if not (D == HEAD_DIM and T % BLOCK == 0 and T > 0 and B * H > 0
             and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
             and _is_hopper(q.device.index or 0)):
         return False
