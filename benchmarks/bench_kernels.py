@@ -69,7 +69,7 @@ from version1_baseline.tiny_llama_v1 import rope_tables  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # (rows, hidden) and (batch, heads, kv_heads, seq, head_dim)
-NORM_SHAPES = {"full": [(16384, 1024)], "quick": [(64, 96)]}
+NORM_SHAPES = {"full": [(16384, 1024), (16384, 2048)], "quick": [(64, 96)]}  # medium, large hidden
 SWIGLU_SHAPES = {"full": [(8192, 2816)], "quick": [(64, 80)]}  # rows x ffn (medium: 16 x 512, 2816)
 ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16, 16, 4, 512, 64)],
                     "quick": [(1, 4, 2, 33, 16)]}  # GQA and a ragged last tile, in seconds
