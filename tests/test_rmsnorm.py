@@ -238,15 +238,17 @@ def test_rmsnorm_rule_gives_whole_rows_and_sane_warps(kernel):
 def test_rmsnorm_backward_rule_gives_wide_fp32_rows_32_elements_a_thread():
     """The rule's one measured exception: the backward of fp32 rows of 2048+ on NVIDIA holds
     32 elements a thread (the large preset's residual stream); bf16 rows, 1024-wide rows,
-    the forward and AMD keep the general rule. A launch reports x's element size to it."""
+    the forward and AMD (32-lane Radeon too) keep the general rule. A launch reports x's
+    element size to it."""
     from version3_triton.kernels.target import amd_target
-    nvidia, amd = common.nvidia_target(90), amd_target("gfx942")
+    nvidia, amd, radeon = common.nvidia_target(90), amd_target("gfx942"), amd_target("gfx1100")
     wide = rmsnorm.rmsnorm_config("rmsnorm_bwd", 2048, nvidia, 4)
     assert wide == dict(BLOCK_ROWS=1, num_warps=2, num_stages=1)
     assert rmsnorm.rmsnorm_config("rmsnorm_bwd", 4096, nvidia, 4)["num_warps"] == 4
     assert rmsnorm.rmsnorm_config("rmsnorm_bwd", 2048, nvidia, 2)["num_warps"] == 4
     for kernel, n_cols, target in (("rmsnorm_bwd", 1024, nvidia), ("rmsnorm_fwd", 2048, nvidia),
-                                   ("rmsnorm_bwd", 2048, amd), ("rmsnorm_bwd", 4096, amd)):
+                                   ("rmsnorm_bwd", 2048, amd), ("rmsnorm_bwd", 4096, amd),
+                                   ("rmsnorm_bwd", 2048, radeon)):
         assert (rmsnorm.rmsnorm_config(kernel, n_cols, target, 4)
                 == rmsnorm.rmsnorm_config(kernel, n_cols, target, 2)), (kernel, n_cols, target)
     spec = configs.SPECS["rmsnorm_bwd"]

@@ -154,17 +154,17 @@ def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None,
     At most 16 warps: very wide rows (>= 16k) then hold more per thread and
     spill registers to memory - slower, still correct.
     One measured exception (elem_bytes: x's element size): the backward of fp32 rows of
-    2048 or more (the large preset's residual stream) on 32-lane warps holds 32 elements per
-    thread, half the warps: it measured about a third less time that way (V3's README, "Run,
-    switch off, tune"). bf16 rows, 1024-wide fp32 rows and AMD's wavefronts keep 16.
+    2048 or more (the large preset's residual stream) on NVIDIA holds 32 elements per thread,
+    half the warps: it measured about a third less time that way (V3's README, "Run, switch
+    off, tune"). bf16 rows, 1024-wide fp32 rows and AMD GPUs (not measured) keep 16.
     """
     cols = common.next_power_of_2(n_cols)
-    lanes = (target or common.current_target()).warp_size
+    target = target or common.current_target()
     per_thread, min_tile = (16, 2048) if kernel == "rmsnorm_bwd" else (8, 1024)
-    if kernel == "rmsnorm_bwd" and elem_bytes == 4 and cols >= 2048 and lanes == 32:
+    if kernel == "rmsnorm_bwd" and elem_bytes == 4 and cols >= 2048 and target.backend == "cuda":
         per_thread = 32
     rows = max(1, min_tile // cols)
-    warps = min(16, max(1, rows * cols // (per_thread * lanes)))
+    warps = min(16, max(1, rows * cols // (per_thread * target.warp_size)))
     return dict(BLOCK_ROWS=rows, num_warps=warps, num_stages=1)
 
 
