@@ -240,8 +240,8 @@ def test_rmsnorm_backward_rule_gives_wide_fp32_rows_32_elements_a_thread():
     32 elements a thread (the large preset's residual stream); bf16 rows, 1024-wide rows,
     the forward and AMD (32-lane Radeon too) keep the general rule. A launch reports x's
     element size to it."""
-    from version3_triton.kernels.target import amd_target
-    nvidia, amd, radeon = common.nvidia_target(90), amd_target("gfx942"), amd_target("gfx1100")
+    nvidia, amd, radeon = (common.nvidia_target(90), common.amd_target("gfx942"),
+                           common.amd_target("gfx1100"))
     wide = rmsnorm.rmsnorm_config("rmsnorm_bwd", 2048, nvidia, 4)
     assert wide == dict(BLOCK_ROWS=1, num_warps=2, num_stages=1)
     assert rmsnorm.rmsnorm_config("rmsnorm_bwd", 4096, nvidia, 4)["num_warps"] == 4

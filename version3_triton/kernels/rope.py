@@ -58,7 +58,7 @@ def _rope_kernel(X, COS, SIN, Y, seq_len, n_heads, stride_xb, stride_xt, stride_
 # by rule, so nothing is timed (common.launch).
 KERNEL = configs.SPECS["rope"] = KernelSpec(
     "rope", None, lambda config, width, elem_bytes: 0,
-    lambda args, constexprs: (2 * constexprs["HALF"], 4),
+    lambda args, constexprs: (2 * constexprs["HALF"], args["X"].element_size()),
     rule=lambda target, width, elem_bytes: dict(num_warps=4, num_stages=1))
 
 
