@@ -21,7 +21,8 @@ What is measured:
   preset's MLP) on the gate/up GEMM's output, against version 2's maths on its two
   halves, eager and compiled. Minimum bytes: 8 * M * N * elem (gate_up read twice,
   y and dy, the gradient of gate_up written).
-- Causal attention, b16 h16 s512 d64 and b4 h16 s2048 d128 (+ a GQA case),
+- Causal attention, b16 h16 s512 d64 and b4 h16 s2048 d128, and two GQA shapes:
+  b16 h16 kv4 s512 d64 and the large preset's b8 h16 kv8 s2048 d128,
   against F.scaled_dot_product_attention: time ratio (SDPA time / ours, > 1 means
   ours is faster) and TFLOP/s in the attention-kernel convention: 4*B*H*N^2*D
   for the forward, halved because causal, backward = 2.5x forward. Beside them,
@@ -71,7 +72,8 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # (rows, hidden) and (batch, heads, kv_heads, seq, head_dim)
 NORM_SHAPES = {"full": [(16384, 1024), (16384, 2048)], "quick": [(64, 96)]}  # medium, large hidden
 SWIGLU_SHAPES = {"full": [(8192, 2816)], "quick": [(64, 80)]}  # rows x ffn (medium: 16 x 512, 2816)
-ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16, 16, 4, 512, 64)],
+ATTENTION_SHAPES = {"full": [(16, 16, 16, 512, 64), (4, 16, 16, 2048, 128), (16, 16, 4, 512, 64),
+                             (8, 16, 8, 2048, 128)],  # the last: the large preset's attention
                     "quick": [(1, 4, 2, 33, 16)]}  # GQA and a ragged last tile, in seconds
 KINDS = ("rmsnorm", "add_rmsnorm", "swiglu", "attention")  # the result's row lists, in order
 TARGETS = {"rmsnorm_copy_fraction": 0.6, "swiglu_copy_fraction": 0.7,
