@@ -65,7 +65,7 @@ describe_step() {
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
         compare-medium) echo "~7.5 min  compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (18 runs: each eager row 3 times, 6 compiled); SDPA backends" ;;
         compare-small)  echo "~4.5 min  compare_small.json: the same on the launch-bound small preset (eager rows 3 times, CUDA/HIP graphs)" ;;
-        kernels)        echo "~3.3 min  kernels.json: V3's Triton kernels against PyTorch (benchmarks/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
+        kernels)        echo "~4.2 min  kernels.json: V3's Triton kernels against PyTorch (benchmarks/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
         analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
         memory)         echo "~1.3 min  memory/: V1 memory vs batch and sequence length, V1 vs V4 attention memory, memory model check" ;;
