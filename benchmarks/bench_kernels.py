@@ -245,8 +245,11 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
         return tk.flash_attention(qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2),
                                   qkv[:, :, h + kv:].transpose(1, 2))
 
+    # dO as the model's output projection hands it back to the QKV rows: a row per token
+    do_by_token = do.transpose(1, 2).contiguous().transpose(1, 2)
+
     def timed(name, op, inputs) -> dict:
-        times = fwd_bwd_times(timer, op, inputs, do)
+        times = fwd_bwd_times(timer, op, inputs, do_by_token if inputs[0] is qkv else do)
         return {"shape": label, "dims": list(shape), "dtype": DTYPE_NAMES[dtype], "impl": name,
                 **times, "flops": flops,
                 "tflops": flops["fwd_bwd"] / (times["fwd_bwd_ms"] / 1000) / 1e12}

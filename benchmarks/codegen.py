@@ -28,8 +28,8 @@ reports what the compiler produced - not estimates:
 
 The RMSNorm and RoPE rows use the medium preset's sizes (hidden 1024, 16 + 16 q/k
 heads); attention uses GROUP_SIZE 1 and is compiled both ways, plain and with RoPE
-on load (attention_rope.py's kernels; the rows marked "+rope"), and on sm_90 at head size
-128 also as the Hopper path's Gluon kernels (attention_hopper.py; "+hopper"). Compiled
+on load (attention_rope.py's kernels; the rows marked "+rope"), and on sm_90 at head sizes
+64 and 128 also as the Hopper path's Gluon kernels (attention_hopper.py; "+hopper"). Compiled
 kernels are cached by Triton (~/.triton/cache), so a second run takes seconds.
 """
 from __future__ import annotations
@@ -156,14 +156,14 @@ def jobs(targets, kernels, dtypes, head_dims) -> list[dict]:
     return out
 
 
-# ---- the Hopper path: attention_hopper.py's Gluon kernels (sm_90, head size 128) ----------
+# ---- the Hopper path: attention_hopper.py's Gluon kernels (sm_90, head sizes 64 and 128) ---
 HOPPER_KERNELS = {"attn_fwd": "_attn_fwd", "attn_bwd_dq": "_attn_bwd_dq",
                   "attn_bwd_dkdv": "_attn_bwd_dkdv"}
 
 
 def hopper_path(target: str, dtype: str, width: int) -> bool:
     from version3_triton.kernels import attention_hopper as hopper
-    return (hopper.AVAILABLE and target == "sm_90" and width == hopper.HEAD_DIM
+    return (hopper.AVAILABLE and target == "sm_90" and width in hopper.HEAD_DIMS
             and dtype in ("bf16", "fp16"))
 
 

@@ -73,7 +73,8 @@ def cases(tk, dev: str = "cuda", dt: torch.dtype = torch.bfloat16):
     B, T, H, H_kv, D = 1, 64, 4, 2, 64
     qkv = leaf(B, T, H + 2 * H_kv, D)
     q, k, v = (leaf(B, heads, T, D) for heads in (H, H_kv, H_kv))
-    # head size 128: where an sm_90 GPU runs V3's Hopper kernels (TMA descriptors and all)
+    # head size 128: the large preset's (an sm_90 GPU runs V3's Hopper kernels, TMA descriptors
+    # and all, at 64 and 128)
     q128, k128, v128 = (leaf(B, heads, T, 128) for heads in (H, H_kv, H_kv))
     angles = torch.rand(T, D // 2, device=dev)
     cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))

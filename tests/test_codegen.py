@@ -7,8 +7,8 @@ MI300X (gfx942), MI350 (gfx950), A100 (sm_80), H100/H200 (sm_90) - nothing the
 chooser can pick may spill registers (except where attention_tables.SPILLS_THAT_PAY says a
 spilling tile was measured faster) or exceed shared memory, and attention must run on
 the matrix units. `make test` runs the workshop's case (bf16, head size 64);
-the full table (fp16, head size 128 - with the Hopper path's Gluon kernels on sm_90 -, every
-target) is marked slow:
+the full table (fp16, head size 128, the Hopper path's Gluon kernels on sm_90, every target) is
+marked slow:
 
     python -m pytest tests/test_codegen.py -m slow
     python -m benchmarks.codegen            # the same table, printed

@@ -66,7 +66,7 @@ def test_gpu_every_config_of_this_vendor_is_correct(monkeypatch, kernel, head_di
         assert all(e <= b for e, b in zip(errors, bound)), (config, errors, bound)
 
 
-# ---- the Hopper path (attention_hopper.py): Gluon kernels at head size 128 on sm_90 --------
+# ---- the Hopper path (attention_hopper.py): Gluon kernels at head sizes 64 and 128 on sm_90 --
 hopper = tk.attention_hopper
 
 
@@ -198,7 +198,8 @@ def test_gpu_hopper_kernels_replay_their_plans_bitwise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["by head", "by token"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 128), (2, 8, 4, 192, 128), (1, 2, 1, 64, 128)],
+@pytest.mark.parametrize("shape", [(2, 4, 4, 256, 128), (2, 8, 4, 192, 128), (1, 2, 1, 64, 128),
+                                   (2, 4, 2, 256, 64)],
                          ids=lambda s: "b{}-h{}-kv{}-t{}-d{}".format(*s))
 def test_gpu_hopper_kernels_error_within_2x_pytorch(shape, dtype, layout):
     """The Gluon kernels ran (chosen_configs says so), their error at most ~2x PyTorch's
@@ -242,12 +243,33 @@ def test_gpu_hopper_kernels_bound_match_triton_s_launch(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_hopper_path_on_qkv_error_within_2x_the_portable_kernels():
+@pytest.mark.parametrize("forced", ["attn_fwd", "attn_bwd_dkdv"])
+def test_gpu_a_forced_tile_turns_off_the_hopper_kernels_of_its_direction_only(monkeypatch, forced):
+    """Exercise V3-3 forces the forward's tile and reads the forward's time: the forward then
+    runs the portable kernel with that tile and the backward stays on the Hopper kernels (and
+    the reverse), the two mixed still within ~2x PyTorch's error."""
+    inputs, grad = _on_hopper((2, 4, 2, 256, 64))
+    tile = (dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2) if forced == "attn_fwd"
+            else dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2))
+    monkeypatch.setitem(configs.FORCED_CONFIGS, forced, tile)
+    reference = forward_backward(attention_reference, inputs, grad, torch.float64)
+    ours = pytorch_error(tk.flash_attention, inputs, grad, torch.bfloat16, reference)
+    theirs = pytorch_error(attention_reference, inputs, grad, torch.bfloat16, reference)
+    assert tk.chosen_configs()[forced].startswith("forced")
+    hopper_side = "attn_bwd_dkdv" if forced == "attn_fwd" else "attn_fwd"
+    assert common._LAST[hopper_side][0] == hopper.HOW
+    for name, e_ours, e_theirs, ref in zip(["out", "dq", "dk", "dv"], ours, theirs, reference):
+        assert e_ours <= 2 * e_theirs + 1e-3 * ref.abs().max().item(), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_hopper_path_on_qkv_error_within_2x_the_portable_kernels(D):
     """V3's default call: RoPE and attention on the QKV output, its gradient written in
     place (dv into qkv's v slots, dO arriving in another layout than q's), with the Hopper
     kernels and without, against PyTorch in fp64."""
     import test_attention_rope as rope_checks
-    B, H, H_kv, T, D = 2, 8, 4, 256, 128
+    B, H, H_kv, T = 2, 8, 4, 256
     _on_hopper((B, H, H_kv, T, D))
     qkv, grad, cos, sin = rope_checks.qkv_inputs(B, H, H_kv, T, D)
 
@@ -268,13 +290,14 @@ def test_gpu_hopper_path_on_qkv_error_within_2x_the_portable_kernels():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recompute_rope", [False, True], ids=["kept", "recomputed"])
-def test_gpu_compiled_step_runs_the_hopper_kernels(recompute_rope):
+@pytest.mark.parametrize("recompute_rope, D", [(False, 128), (True, 128), (False, 64)],
+                         ids=["kept", "recomputed", "kept-d64"])
+def test_gpu_compiled_step_runs_the_hopper_kernels(recompute_rope, D):
     """Under torch.compile with CUDA graphs (V3's best mode) attention on the QKV output
     calls the Hopper kernels' opaque operators: they run (chosen_configs says so), and the
     output and gradient match the eager call's."""
     import test_attention_rope as rope_checks
-    B, H, H_kv, T, D = 2, 8, 4, 256, 128
+    B, H, H_kv, T = 2, 8, 4, 256
     _on_hopper((B, H, H_kv, T, D))
     qkv, grad, cos, sin = rope_checks.qkv_inputs(B, H, H_kv, T, D)
 

@@ -8,7 +8,7 @@
     flash_attention.py  causal flash attention: online softmax; its backward kernels
                         (recomputing, no T x T matrix) are flash_attention_backward.py,
                         the tiles and launch configs both share attention_tiles.py
-    attention_hopper.py the same attention for Hopper GPUs at head size 128, in Gluon
+    attention_hopper.py the same attention for Hopper GPUs at head sizes 64 and 128, in Gluon
                         (TMA, asynchronous warp-group MMAs): chosen where it pays
     attention_rope.py   RoPE on load (--rope-in-attention): the attention kernels handed
                         loads that rotate q and k, and stores that unrotate their gradients

@@ -1,12 +1,12 @@
-"""Causal flash attention for Hopper (H100/H200, sm_90) in Gluon, at head size 128.
+"""Causal flash attention for Hopper (H100/H200, sm_90) in Gluon, at head sizes 64 and 128.
 
-Why a second set of kernels: at head size 128 on Hopper, Triton's `tl.dot` kernels spill
-registers in every backward tile, and their forward cannot overlap the softmax with the matrix
-units: `tl.dot` leaves each product's wait to the compiler. Gluon (Triton's lower-level
-dialect) writes what `tl.dot` hides: each tile's register layout, TMA copies (the
-tensor-memory accelerator moves a tile between global and shared memory by itself), and
-Hopper's asynchronous `warpgroup_mma`, each wait placed by hand. Same maths and saved tensors
-(O, the base-2 LSE) as flash_attention.py: the two paths mix freely.
+Why a second set of kernels: on Hopper, Triton's `tl.dot` kernels spill registers in every
+backward tile at head size 128, and at 64 and 128 alike their forward cannot overlap the softmax
+with the matrix units (`tl.dot` leaves each product's wait to the compiler). Gluon (Triton's
+lower-level dialect) writes what `tl.dot` hides: each tile's register layout, TMA copies (the
+tensor-memory accelerator moves a tile between global and shared memory by itself), and Hopper's
+asynchronous `warpgroup_mma`, each wait placed by hand. Same maths and saved tensors (O, the
+base-2 LSE) as flash_attention.py: the two paths mix freely.
 
     forward   a program per query block; Q once, K and V through a ring of STAGES slots;
               S_j+1 = Q K_j+1^T and P_j V_j in flight while the softmax of block j+1 runs.
@@ -16,8 +16,8 @@ Hopper's asynchronous `warpgroup_mma`, each wait placed by hand. Same maths and 
 
 Each result tile leaves by TMA through the shared memory of an operand tile the program has
 finished with. 64 x 64 tiles at 4 warps: two programs share an SM (~100 KB of shared memory
-each), one's softmax running while the other's products do. Chosen where it pays
-(supported(): Hopper, head size 128); everywhere else flash_attention.py's kernels run.
+each), one's softmax running while the other's products do. Chosen where it pays (supported());
+everywhere else flash_attention.py's kernels run.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ try:  # Gluon arrived in Triton 3.4 and its API still moves between releases
 except (ImportError, AttributeError):
     AVAILABLE = False
 
-HEAD_DIM = 128  # where Triton's kernels spill on Hopper; at 64 they keep up with cuDNN
+HEAD_DIMS = (64, 128)  # at 128 Triton's kernels spill; at 64 these are faster (V3's README)
 BLOCK, FWD_STAGES, BWD_STAGES, WARPS = 64, 3, 2, 4
 HOW = "Hopper kernel (Gluon, attention_hopper.py)"
 ENABLED = True  # False: flash_attention.py's kernels everywhere (a failed build, portable())
@@ -75,23 +75,23 @@ def by_token(t: torch.Tensor, address: bool = True):
         return None
     if t.is_contiguous():
         return False
-    if sh == D and st % 8 == 0 and st >= H * D and (B == 1 or sb == T * st):
-        return True
-    return None
+    return True if sh == D and st % 8 == 0 and st >= H * D and (B == 1 or sb == T * st) else None
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = False) -> bool:
-    """Run these kernels? K and V in one layout (by_token), no forced attention config
-    (V3_ATTN_*_CONFIG). Eager calls only: while torch.compile traces, traced=True asks whether
-    to call the opaque operator that runs them (flash_attention.py), which asks again."""
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = False,
+              backward: bool = False) -> bool:
+    """Run the forward (backward) kernels? K and V in one layout (by_token), no forced tile for
+    that direction's portable kernels (V3_ATTN_FWD_CONFIG; _BWD_DQ_, _BWD_DKDV_). Eager calls
+    only: traced=True asks, while torch.compile traces, for the opaque operator that runs them."""
     if not (AVAILABLE and ENABLED and q.is_cuda) or INTERPRET or torch.version.hip:
         return False
-    if not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling()):
-        return False
-    if any(name.startswith("attn") for name in configs.FORCED_CONFIGS):
+    forced = configs.FORCED_CONFIGS
+    if ((not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling()))
+            or (("attn_bwd_dq" in forced or "attn_bwd_dkdv" in forced) if backward
+                else "attn_fwd" in forced)):
         return False
     B, H, T, D = q.shape
-    if not (D == HEAD_DIM and T % BLOCK == 0 and T > 0 and B * H > 0
+    if not (D in HEAD_DIMS and T % BLOCK == 0 and T > 0 and B * H > 0
             and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == v.dtype == q.dtype
             and _is_hopper(q.device.index or 0)):
         return False

@@ -164,7 +164,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if common.replay(plan, (q, k, v, o, lse)):
             return o, lse
     _check_inputs(q, k, v)
-    if attention_hopper.supported(q, k, v):  # Hopper at head size 128: the Gluon kernel
+    if attention_hopper.supported(q, k, v):  # Hopper at head size 64 or 128: Gluon
         o, lse = _outputs(q)
         with common.recording(plan_key, [q, k, v, o, lse]):
             done = attention_hopper.forward(q, k, v, o, lse, sm_scale)
@@ -206,10 +206,11 @@ _hopper_backward_op = common.define_op("attention_backward_hopper", attention_ba
                                        opaque=True)
 
 
-def traced_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hopper_op, other_op):
+def traced_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hopper_op, other_op,
+                    backward: bool = False):
     """The operator a traced step (or a call inside eager_operators()) calls: the Hopper
     kernels' opaque one where they run, the traced one elsewhere."""
-    return hopper_op if attention_hopper.supported(q, k, v, traced=True) else other_op
+    return hopper_op if attention_hopper.supported(q, k, v, True, backward) else other_op
 
 
 def forward_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -232,7 +233,8 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_o):
         backward = attention_backward
         if common.through_operators():
-            backward = traced_operator(*ctx.saved_tensors[:3], _hopper_backward_op, _backward_op)
+            backward = traced_operator(*ctx.saved_tensors[:3], _hopper_backward_op, _backward_op,
+                                       backward=True)
         return (*backward(grad_o, *ctx.saved_tensors, ctx.sm_scale), None)
 
 

@@ -281,10 +281,10 @@ def attention_backward_into(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 
 def _hopper_backward(plan_key, named: list, sm_scale: float, dq, dk, dv) -> bool:
-    """attention_hopper.py's kernels where they run (Hopper, head size 128): True if they
+    """attention_hopper.py's kernels where they run (Hopper, head size 64 or 128): True if they
     wrote the gradients (and recorded their plan). dq, dk, dv as launch_backward takes them."""
     grad_o, q, k, v, o, lse = named[:6]
-    if grad_o.dtype != q.dtype or not attention_hopper.supported(q, k, v):
+    if grad_o.dtype != q.dtype or not attention_hopper.supported(q, k, v, backward=True):
         return False
     views = []  # each gradient as a (B, heads, T, D) tensor or a view at its first head
     for grad, like in ((dq, q), (dk, k), (dv, v)):

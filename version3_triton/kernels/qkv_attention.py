@@ -151,7 +151,7 @@ class QKVAttention(torch.autograd.Function):
                 d_qkv = _rotating_backward_op(grad_o, qkv, o, lse, cos, sin, ctx.n_heads,
                                               ctx.sm_scale)
             else:
-                op = traced_operator(q, k, v, _hopper_backward_op, _backward_op)
+                op = traced_operator(q, k, v, _hopper_backward_op, _backward_op, backward=True)
                 d_qkv = op(grad_o, qkv, qk, o, lse, cos, sin, ctx.n_heads, ctx.sm_scale)
             return d_qkv, None, None, None, None, None
         if qk is None:  # recompute_rope: q and k rotated again, as the forward rotated them
