@@ -305,7 +305,7 @@ def test_gpu_compiled_step_runs_the_hopper_kernels(recompute_rope, D):
         return tk.qkv_attention(qkv, cos, sin, heads, recompute_rope=recompute_rope)
 
     eager = rope_checks.forward_backward(step, qkv, grad, cos, sin, H, H_kv, torch.bfloat16)
-    compiled = torch.compile(step, mode="reduce-overhead")
+    compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)  # shared by both D
     common._LAST.clear()
     for _ in range(3):  # warm-up, capture, replay
         ours = rope_checks.forward_backward(compiled, qkv, grad, cos, sin, H, H_kv, torch.bfloat16)
