@@ -85,10 +85,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, traced: bool = 
     only: traced=True asks, while torch.compile traces, for the opaque operator that runs them."""
     if not (AVAILABLE and ENABLED and q.is_cuda) or INTERPRET or torch.version.hip:
         return False
-    forced = configs.FORCED_CONFIGS
-    if ((not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling()))
-            or (("attn_bwd_dq" in forced or "attn_bwd_dkdv" in forced) if backward
-                else "attn_fwd" in forced)):
+    pins = configs.FORCED_CONFIGS
+    pinned = ("attn_bwd_dq" in pins or "attn_bwd_dkdv" in pins) if backward else "attn_fwd" in pins
+    if pinned or (not traced and (operators.IN_OPERATOR or torch.compiler.is_compiling())):
         return False
     B, H, T, D = q.shape
     if not (D in HEAD_DIMS and T % BLOCK == 0 and T > 0 and B * H > 0
