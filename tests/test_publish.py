@@ -344,6 +344,21 @@ def test_kernel_table_states_attention_ratios_timed_apart_and_in_paired_rounds()
     assert "paired rounds" not in blocks.render("kernels", {"kernels": {"attention": rows[1:2]}})
 
 
+def test_results_page_says_how_v3_attention_compares_from_the_two_profiles():
+    """The sentence under the V3 profile follows the attention rows of V3's and V4's profiles,
+    so a republished profile cannot leave it saying the opposite of its tables."""
+    from tools.results_text import _attention_against_vendor
+
+    def said(v3_ms, v4_ms):
+        profile = lambda ms: {"kernel_ms_by_category": {"attention": ms}}  # noqa: E731
+        return _attention_against_vendor({"profiles": {"v3": profile(v3_ms), "v4": profile(v4_ms)}})
+
+    assert "a little longer than SDPA's" in said(5.96, 5.27)
+    assert said(4.70, 5.27) == "; attention takes less time than SDPA's"
+    assert said(5.30, 5.27) == "; attention takes about as long as SDPA's"
+    assert _attention_against_vendor({"profiles": {}}) == ""
+
+
 def test_gpu_slug():
     from harness.device import gpu_slug
     assert gpu_slug("NVIDIA H200") == "h200"
