@@ -210,7 +210,8 @@ def traced_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hopper_op
                     backward: bool = False):
     """The operator a traced step (or a call inside eager_operators()) calls: the Hopper
     kernels' opaque one where they run, the traced one elsewhere."""
-    return hopper_op if attention_hopper.supported(q, k, v, True, backward) else other_op
+    return (hopper_op if attention_hopper.supported(q, k, v, traced=True, backward=backward)
+            else other_op)
 
 
 def forward_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
