@@ -10,7 +10,8 @@
 #
 # Every row (one training run, one comparison, one benchmark) writes one JSON under
 # results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
-# resumes where it stopped (--force runs every row again). A comparison is one row that keeps
+# resumes where it stopped (--force runs every row again). A row that failed runs again, unless
+# its failure is an answer (out of memory in the memory step, a backend this GPU lacks). A comparison is one row that keeps
 # every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
 # complete one is skipped. A row that would repeat a run of the medium comparison (the V3 eager
 # baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
@@ -114,6 +115,14 @@ else
     GPU=${GPU:-$($PY -c 'from harness.device import gpu_slug; print(gpu_slug())')}
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
 fi
+# Counts and seconds are whole numbers; a typo stops here, before any row runs.
+for var in STEPS WARMUP REPEATS EAGER_REPEATS ROW_TIMEOUT TIME_LIMIT; do
+    [ -n "${!var:-}" ] || continue
+    pattern='^[0-9]+$'; [ $var = TIME_LIMIT ] && pattern='^-?[0-9]+$'
+    if ! [[ ${!var} =~ $pattern ]]; then
+        echo "error: $var='${!var}' is not a whole number (see --help)" >&2; exit 2
+    fi
+done
 RESULTS=${RESULTS:-results}
 W="$RESULTS/reproduce/$GPU"      # every row's JSON and log
 BASELINE=${BASELINE:-docs/published/$GPU}
@@ -130,6 +139,14 @@ RUN_PID=
 trap '[ -n "$RUN_PID" ] && kill -TERM $RUN_PID 2>/dev/null; echo "reproduce stopped" >&2; exit 143' TERM INT
 say() { echo "[$(printf '%3d:%02d' $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)))] $*" | tee -a "$LOG"; }
 have() { [ $FORCE = 0 ] && [ -s "$1" ]; }
+# done_before OUT LABEL: OUT holds a result, or a failure that is an answer (OK_EXIT); a row
+# that failed otherwise (a crash, its ROW_TIMEOUT) runs again
+done_before() {
+    have "$1" || return 1
+    local rc; rc=$(sed -n 's/^{"exit_code": \(-\{0,1\}[0-9]*\),.*/\1/p' "$1")
+    if [ -z "$rc" ] || [[ " $OK_EXIT " == *" $rc "* ]]; then say "   $2: done before, skipped"; return 0; fi
+    say "   $2: failed before (exit $rc), run again"; return 1
+}
 finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
 # train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists),
@@ -142,7 +159,7 @@ limited=0
 train() {
     local dir=$1 name=$2 script=$3; shift 3
     local out="$W/$dir/$name.json"
-    if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
+    done_before "$out" "$dir/$name" && return 0
     if [ -n "${TIME_LIMIT:-}" ] && ((SECONDS - start + ROW_TIMEOUT > TIME_LIMIT)); then
         [ $limited = 1 ] || say "   $dir/$name and what follows: not started, TIME_LIMIT=$TIME_LIMIT s is less than ROW_TIMEOUT=$ROW_TIMEOUT s away; run the same command again to continue"
         limited=1; return 0
@@ -174,7 +191,7 @@ train() {
 from_compare() {
     local dir=$1 name=$2 version=$3 mode=$4; shift 4
     local out="$W/$dir/$name.json" report="$W/compare_medium.json"
-    if have "$out"; then say "   $dir/$name: done before, skipped"; return 0; fi
+    done_before "$out" "$dir/$name" && return 0
     if finished "$report" && $PY -m benchmarks.experiments compare-row "$report" "$version" "$mode" "$out" 2>/dev/null; then
         say "   $dir/$name: the medium comparison's $version $mode run"
     else

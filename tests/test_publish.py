@@ -474,6 +474,39 @@ def test_a_time_limit_starts_no_row_it_could_cut(tmp_path):
     assert not list((tmp_path / "reproduce" / "cpu-quick").glob("*/*.json"))
 
 
+def test_a_failed_row_runs_again_and_an_answer_does_not(tmp_path):
+    """Resuming: a row whose JSON records a failure (a crash, its ROW_TIMEOUT) runs again; one
+    whose failure is an answer (exit 3: out of memory) is done. The time limit stops the rerun
+    before it trains, so nothing here trains."""
+    row = tmp_path / "reproduce" / "cpu-quick" / "levers" / "prec_fp32.json"
+    row.parent.mkdir(parents=True)
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable, "TIME_LIMIT": "60",
+           "ROW_TIMEOUT": "120"}
+    command = ["bash", "benchmarks/reproduce.sh", "--quick", "levers"]
+    row.write_text(json.dumps({"exit_code": 124, "error": "stopped by its ROW_TIMEOUT"}))
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "levers/prec_fp32: failed before (exit 124), run again" in proc.stdout
+    assert "levers/prec_fp32 and what follows: not started" in proc.stdout
+    row.write_text(json.dumps({"exit_code": 3, "error": "out of memory"}))
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "levers/prec_fp32: done before, skipped" in proc.stdout
+
+
+@pytest.mark.parametrize("setting", ["STEPS=fusion", "ROW_TIMEOUT=5m", "TIME_LIMIT=1.5"])
+def test_reproduce_refuses_a_count_that_is_not_a_number(tmp_path, setting):
+    """STEPS, ROW_TIMEOUT, TIME_LIMIT, ...: a value that is not a whole number is one line and
+    exit 2, before any row runs or any folder is made."""
+    var, value = setting.split("=")
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable, var: value}
+    proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "--quick", "levers"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"error: {var}='{value}' is not a whole number (see --help)\n"
+    assert not (tmp_path / "reproduce").exists()
+
+
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
     report = tmp_path / "compare.json"
     report.write_text(json.dumps({"runs": [{"version": "v1", "mode": "eager", "exit_code": 3,
