@@ -11,13 +11,13 @@
 # Every row (one training run, one comparison, one benchmark) writes one JSON under
 # results/reproduce/<gpu>/; a row whose JSON exists is skipped, so a step that was cut off
 # resumes where it stopped (--force runs every row again). A row that failed runs again, unless
-# its failure is an answer (out of memory in the memory step, a backend this GPU lacks). A comparison is one row that keeps
-# every finished run in its JSON: a cut one continues with compare_versions.py --resume, a
-# complete one is skipped. A row that would repeat a run of the medium comparison (the V3 eager
-# baseline of the fusion and block steps, V1's bf16 lever, ...) is copied from it. Each step's
-# time (--list) comes from runs on an H200; where one command may run only so long (a job
-# scheduler's limit), run the steps a few at a time, or set TIME_LIMIT (below) and run the same
-# command until it exits with something other than 3. The README table
+# its failure is an answer (out of memory in the memory step, a backend this GPU lacks). A
+# comparison is one row that keeps every finished run in its JSON: a cut one continues with
+# compare_versions.py --resume, a complete one is skipped. A row that would repeat a run of the
+# medium comparison (the V3 eager baseline of the fusion and block steps, V1's bf16 lever, ...)
+# is copied from it. Each step's time (--list) comes from runs on an H200; where one command may
+# run only so long (a job scheduler's limit), run the steps a few at a time, or set TIME_LIMIT
+# (below) and run the same command until it exits with something other than 3. The README table
 # needs `env compare-medium`.
 # This script measures and writes JSON; it never publishes. Its last step checks:
 #   regress   python -m analysis_tools regress: the throughput of every comparison row and
@@ -149,7 +149,7 @@ done_before() {
 }
 finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished comparison
 
-# train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if it exists),
+# train DIR NAME SCRIPT ARGS...: one timed run -> $W/DIR/NAME.json (skipped if done_before),
 # with the flags a compare_versions run has, so a row and a comparison's run compare.
 # ROW_ENV: VAR=value settings for the run; OK_EXIT: exits that are answers; ROW_GPUS: more
 # than 1 starts the run under torchrun, one process per GPU.
