@@ -184,6 +184,9 @@ def test_an_opaque_operator_runs_its_body_as_eager_code(monkeypatch):
     assert torch.equal(op(x), x * 2)
     assert torch.equal(torch.compile(lambda t: op(t) + 1, backend="aot_eager")(x), x * 2 + 1)
     assert seen == [False, False]
+    # registered with the dispatcher itself: no custom_op's layers of Python around each call
+    assert isinstance(op, torch._ops.OpOverload)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd")
 
 
 @pytest.mark.gpu
