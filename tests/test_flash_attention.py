@@ -3,6 +3,8 @@ float64 PyTorch, forward and backward: GQA, odd lengths, head sizes 16..128, str
 On a GPU also: bf16/fp16 error at most ~2x PyTorch's own, and every launch configuration of
 this vendor's table. Outputs start as NaN (POISON_OUTPUTS): an element a kernel forgets to
 write fails the comparison."""
+import warnings
+
 import pytest
 import torch
 
@@ -86,6 +88,18 @@ def test_hopper_path_reads_the_models_layout_and_pytorchs():
     assert hopper.by_token(torch.randn(B, H, D, T).transpose(2, 3)) is None  # D not contiguous
     assert hopper.by_token(torch.randn(B, T, H, 2 * D)[..., :D].transpose(1, 2)) is None
     assert not hopper.supported(q, q, q)  # no GPU here, or not this one's tensors
+
+
+def test_hopper_check_compiles_without_a_warning(monkeypatch):
+    """A compiled V3 asks whether the GPU is a Hopper while torch.compile traces: the answer is
+    a constant to it, read once, with no warning on the attendee's screen."""
+    monkeypatch.setattr(hopper, "_capability", lambda index: (9, 0))
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = torch.compile(lambda x: x + 1 if hopper._is_hopper(0) else x - 1,
+                                 fullgraph=True, backend="eager")
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
 
 
 def test_hopper_kernels_leave_outputs_tma_cannot_write_to_the_portable_ones():

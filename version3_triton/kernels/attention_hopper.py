@@ -61,7 +61,9 @@ def portable():
         ENABLED = before
 
 
-_is_hopper = functools.lru_cache(lambda index: torch.cuda.get_device_capability(index) == (9, 0))
+_capability = functools.lru_cache(torch.cuda.get_device_capability)
+_is_hopper = torch.compiler.assume_constant_result(  # a fact of the GPU: compiled, read once
+    lambda index: _capability(index) == (9, 0))
 
 
 def by_token(t: torch.Tensor, address: bool = True):
@@ -397,8 +399,7 @@ def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
 
 
 def _launch(launches, stages: int) -> bool:
-    """Run each (name, kernel, grid, arguments); False if Gluon cannot build them here (said
-    once: the portable kernels run from then on)."""
+    """Run each (name, kernel, grid, arguments); False if Gluon cannot build them (warned once)."""
     global ENABLED
     config = dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, num_warps=WARPS, num_stages=stages)
     try:
