@@ -229,6 +229,7 @@ class RunSettings:
     fsdp_reshard_after_forward: bool = True
     fsdp_param_dtype: str = "fp32"
     comm_priority: str = "high"
+    host_probe: int = 0  # steps after the timed ones, each queued behind a GPU wait (HostProbe)
     command: str = ""
     options: dict = field(default_factory=dict)
 

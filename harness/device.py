@@ -116,6 +116,26 @@ def queue_mark(device: torch.device):
     return event
 
 
+_SLEEP_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def hold(device: torch.device, ms: float) -> None:
+    """Queue `ms` of busy-waiting on the GPU's current stream (torch.cuda._sleep spins for a
+    number of clock cycles, measured once per GPU): what the host queues next waits behind
+    it, so the host's time to queue that work reads on the host clock, the host never
+    waiting for the GPU."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _SLEEP_CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # the clock ramps up first
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_MS[index] = 20_000_000 / start.elapsed_time(end)
+    torch.cuda._sleep(int(ms * _SLEEP_CYCLES_PER_MS[index]))
+
+
 class StepClock:
     """Times regions of one training step.
 

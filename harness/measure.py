@@ -9,7 +9,8 @@ for the kernel benchmark):
              without Python or launch costs between the calls
   host_ms    what a call costs the host (Python + launch), with the GPU running behind
 and, to compare two calls on the GPU alone, paired_graph_ratio: both graph replays in each
-of several rounds, the median of the rounds' ratios.
+of several rounds, the median of the rounds' ratios. For a whole training step, HostProbe
+(the trainer's --host-probe) sets the host's time to queue it against the GPU's to run it.
 """
 from __future__ import annotations
 
@@ -133,6 +134,47 @@ def host_ms(fn, calls: int = 20, repeats: int = 1, warmup: int = 1) -> float:
         samples.append((time.perf_counter() - start) * 1000 / calls)
         torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+class HostProbe:
+    """--host-probe N: is a training step paced by the host or by the GPU?
+
+    After the timed steps, N more steps run, each queued behind a GPU busy-wait of a few
+    step times (device.hold): the host queues the whole step while the GPU is still
+    waiting, so the host clock measures what queueing the step costs (Python, dispatch,
+    launches) and the step's events what the GPU needs to run it with nothing to wait
+    for. A step whose queueing takes about as long as its GPU time is paced by the host:
+    a faster kernel would change nothing, and any hiccup of the host shows in the step.
+    If queueing takes most of the busy-wait, the host waited for the GPU (a synchronize in
+    the step, or more launches than the driver's queue holds): `host_waited` says so."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.samples: list[tuple[float, float]] = []  # (ms to queue a step, its GPU ms)
+        self.hold_ms = 0.0
+
+    def start(self, device: torch.device, timed_clocks: list) -> None:
+        """Before a probed step: hold the GPU for three timed steps (at least 50 ms)."""
+        dev.synchronize(device)
+        if not self.hold_ms:
+            timed = [c.elapsed_ms("start", "end") for c in timed_clocks]
+            self.hold_ms = max(50.0, 3 * statistics.median(timed)) if timed else 200.0
+        dev.hold(device, self.hold_ms)
+        self._queued_from = time.perf_counter()
+
+    def stop(self, device: torch.device, clock) -> None:
+        """After the probed step's last mark: the host's time, then (synchronized) the GPU's."""
+        queued_ms = (time.perf_counter() - self._queued_from) * 1000.0
+        dev.synchronize(device)
+        self.samples.append((queued_ms, clock.elapsed_ms("start", "end")))
+
+    def result(self) -> dict | None:
+        if not self.samples:
+            return None
+        host = statistics.median(s[0] for s in self.samples)
+        return {"steps": len(self.samples), "hold_ms": self.hold_ms, "host_ms": host,
+                "gpu_ms": statistics.median(s[1] for s in self.samples),
+                "host_waited": host > 0.8 * self.hold_ms}
 
 
 def reset_peak_memory(device: torch.device) -> None:

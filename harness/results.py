@@ -21,6 +21,8 @@ Schema (version 1) - every run writes all top-level keys:
   warnings         list of strings
   noisy            {value, p90_over_p10, threshold}: value true where the step times spread
                    over NOISY_SPREAD (optional)
+  host_probe       {steps, hold_ms, host_ms, gpu_ms, host_waited}: --host-probe's reading
+                   (harness/measure.py HostProbe; optional, GPU runs only)
 
 This module builds the record (build), writes it (write_atomic, write_json), reads it
 (load, validate) and reads its numbers (numbers: tokens/s, step and phase ms, MFU, peak

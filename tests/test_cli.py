@@ -19,7 +19,7 @@ def test_help_documents_every_flag():
                  "--num-steps", "--learning-rate", "--num-kv-heads", "--ffn-dim", "--vocab-size",
                  "--preset", "--warmup-steps", "--precision", "--grad-checkpoint", "--grad-accum",
                  "--compile", "--device", "--seed", "--deterministic", "--data", "--data-path",
-                 "--output", "--quiet"]:
+                 "--output", "--quiet", "--host-probe"]:
         assert flag in proc.stdout, flag
 
 
@@ -35,6 +35,7 @@ def test_help_documents_every_flag():
     (["--batch-size", "two"], "invalid int value"),
     (["--data", "text", "--vocab-size", "100"], "vocab-size >= 256"),
     (["--data", "text", "--data-path", "/no/such/file"], "does not exist"),
+    (["--host-probe", "-1"], "--host-probe must be >= 0"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, fragment):
     """In this process (the version's own main), so each case costs no interpreter start;
@@ -188,6 +189,43 @@ def test_out_of_memory_while_building_is_exit_3(tmp_path, capsys):
     code, err, out = _run_in_process(too_big, tmp_path, capsys)
     assert code == 3 and len(err) == 1 and "before training started" in err[0]
     assert not out.exists()
+
+
+def test_host_probe_on_a_cpu_says_so_and_runs_the_plain_steps(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the GPU test below probes")
+    code, _, out = _run_in_process(load_version("v1").build_model, tmp_path, capsys,
+                                   ["--host-probe", "2"])
+    r = load(out)
+    assert code == 0 and "host_probe" not in r and len(r["losses"]) == 6
+    assert any(w.startswith("--host-probe: a CPU") for w in r["warnings"]), r["warnings"]
+
+
+def test_host_probe_reading_and_its_line():
+    probe = harness.measure.HostProbe(3)
+    assert probe.result() is None
+    probe.hold_ms = 60.0
+    probe.samples = [(18.0, 18.5), (19.0, 18.4), (17.0, 18.6)]
+    reading = probe.result()
+    assert reading == {"steps": 3, "hold_ms": 60.0, "host_ms": 18.0, "gpu_ms": 18.5,
+                       "host_waited": False}
+    assert "the host paces the step" in training.trainer.host_probe_line(reading)
+    reading.update(host_ms=12.0)
+    assert "6.50 ms of slack" in training.trainer.host_probe_line(reading)
+    probe.samples = [(55.0, 18.5)]  # queueing took most of the hold: the host waited
+    assert probe.result()["host_waited"]
+    assert "no reading" in training.trainer.host_probe_line(probe.result())
+
+
+@pytest.mark.gpu
+def test_gpu_host_probe_reads_the_host_and_the_gpu_after_the_timed_steps(tmp_path, capsys):
+    code, _, out = _run_in_process(load_version("v1").build_model, tmp_path, capsys,
+                                   ["--device", "cuda", "--host-probe", "3"])
+    r = load(out)
+    assert code == 0 and len(r["losses"]) == 9 and r["timing_ms"]["step"]["n"] == 4
+    p = r["host_probe"]
+    assert p["steps"] == 3 and p["hold_ms"] >= 50 and not p["host_waited"]
+    assert 0 < p["host_ms"] < p["hold_ms"] and p["gpu_ms"] > 0
 
 
 def test_model_warnings_reach_the_results(tmp_path, capsys):

@@ -141,6 +141,10 @@ def build_parser(version: str, description: str, add_arguments=None,
     r.add_argument("--quiet", action="store_true",
                    help="no progress lines (the results: line, naming the file, stays)")
     r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
+    r.add_argument("--host-probe", type=int, default=0, metavar="N",
+                   help="after the timed steps, N more, each queued while the GPU is held "
+                        "busy: the host's time to queue a step against the GPU's time to run "
+                        "it (is the step paced by the host?); GPU only")
     r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter", "window"),
                    default=None,
                    help="profile a few steps after warm-up; window = only mark them for "
@@ -193,6 +197,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         (args.learning_rate > 0, f"--learning-rate must be > 0 (got {args.learning_rate})"),
         (args.grad_accum > 0, f"--grad-accum must be > 0 (got {args.grad_accum})"),
         (args.log_every > 0, f"--log-every must be > 0 (got {args.log_every})"),
+        (args.host_probe >= 0, f"--host-probe must be >= 0 (got {args.host_probe})"),
         (args.ddp_bucket_mb is None or 0 < args.ddp_bucket_mb < float("inf"),
          f"--ddp-bucket-mb must be a positive number (got {args.ddp_bucket_mb})"),
         (not args.output or args.output.endswith(".json"), "--output must end in .json"),
@@ -217,7 +222,7 @@ def settings_from_args(version: str, args: argparse.Namespace, argv: list[str],
         reduce_after_backward=bool(args.reduce_after_backward),
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward == "true",
         comm_priority=args.comm_priority, fsdp_param_dtype=args.fsdp_param_dtype,
-        command=" ".join(["python", sys.argv[0], *argv]))
+        host_probe=args.host_probe, command=" ".join(["python", sys.argv[0], *argv]))
     if args.shard_optimizer is None:  # its default depends on the launch and the optimizer
         from .parallel import sharded_by_default
 

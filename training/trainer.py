@@ -137,6 +137,9 @@ def start_notes(settings: RunSettings, device: torch.device) -> list[str]:
     if settings.compile and settings.compile_mode == "reduce-overhead" and device.type == "cpu":
         notes.append("--compile-mode reduce-overhead: CUDA/HIP graphs need a GPU; on a CPU it "
                      "compiles like the default mode")
+    if settings.host_probe and device.type == "cpu":
+        notes.append("--host-probe: a CPU runs each step as it is queued, so there is no host "
+                     "time apart from it to probe; no probe steps")
     return notes
 
 
@@ -278,10 +281,15 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
 
     def on_arrival(last_step: int) -> None:  # the losses up to last_step are read and checked
         nonlocal last_line_at
+        if last_step >= settings.num_steps:  # a --host-probe step: its line is the probe's
+            return
         say(_progress_line(last_step, settings, reader.losses, clock_marks, tokens_per_step))
         last_line_at = time.monotonic()
 
-    reader = LossReader(device, ctx.mean_over_ranks, settings.num_steps, on_arrival,
+    # --host-probe: steps after the timed ones, each queued behind a GPU wait (HostProbe)
+    probe = measure.HostProbe(settings.host_probe if device.type == "cuda" else 0)
+    total_steps = settings.num_steps + probe.steps
+    reader = LossReader(device, ctx.mean_over_ranks, total_steps, on_arrival,
                         behind=ctx.world_size == 1)
     losses = reader.losses
 
@@ -292,7 +300,10 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     cleanup.enter_context(host_settings(device, ctx.world_size, settings.compile))
     last_line_at = time.monotonic()
     try:
-        for step in range(settings.num_steps):
+        for step in range(total_steps):
+            probing = step >= settings.num_steps
+            if probing:
+                probe.start(device, clock_marks[settings.warmup_steps:settings.num_steps])
             clock = dev.StepClock(device)
             clock_marks.append(clock)
             clock.mark("start")
@@ -320,6 +331,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                 scaler.update()
             step_collect(step)
             clock.mark("end")
+            if probing:
+                probe.stop(device, clock)
             reader.add(step_loss)
             if step == 0:
                 reader.request(0, wait=True)  # the gradient check reads the gradients anyway
@@ -331,7 +344,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             # and at least every PROGRESS_EVERY_S seconds (one GPU: with several, every rank
             # must ask at the same steps, for the losses' all-reduce).
             if step > 0 and (step == 1 or (step + 1) % settings.log_every == 0
-                             or step + 1 == settings.num_steps
+                             or step + 1 in (settings.num_steps, total_steps)
                              or (ctx.world_size == 1
                                  and time.monotonic() - last_line_at > PROGRESS_EVERY_S)):
                 reader.request(step)
@@ -354,7 +367,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                              f"({str(e).splitlines()[0][:120]}): use --sdpa-backend auto") from None
         raise
 
-    timing = _timing(clock_marks[settings.warmup_steps:], settings.grad_accum)
+    timing = _timing(clock_marks[settings.warmup_steps:settings.num_steps], settings.grad_accum)
     timing = ctx.aggregate_timing(timing)
     memory = measure.peak_memory(device)
     result = results.build(
@@ -362,6 +375,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         checked_params=checked_params, tokens_per_step=tokens_per_step,
         measured_peak=measured_peak, world_size=ctx.world_size, parallel=ctx.kind,
         distributed=ctx.extra, warnings=[*getattr(base_model, "run_warnings", ()), *notes])
+    if probe.result():
+        result["host_probe"] = probe.result()
     # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
     result["gradient_guard"]["layout"] = ("v1" if settings.version == "v1" or hasattr(base_model, "to_v1_layout")
                                           else "model")
@@ -370,6 +385,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
     if ctx.is_main:
         results.write_atomic(output, result)
         say(summary_line(result))
+        if "host_probe" in result:
+            say(host_probe_line(result["host_probe"]))
         print(f"results: {output}", flush=True)  # even with --quiet: where the run's result is
     return result
 
@@ -469,6 +486,18 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     else:
         eta = f" | about {results.duration_text(left * step_ms / 1000)} left" if left else ""
     return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
+
+
+def host_probe_line(p: dict) -> str:
+    """--host-probe's verdict. Within 10% of the GPU's time the host paces the step: a host
+    that close falls behind at any hiccup (a collection, another process), and the GPU waits."""
+    if p["host_waited"]:
+        return (f"host probe: the host waited for the GPU while queueing a step ({p['host_ms']:.2f}"
+                f" of the {p['hold_ms']:.0f} ms the GPU was held): no reading")
+    verdict = ("the host paces the step" if p["host_ms"] >= 0.9 * p["gpu_ms"] else
+               f"{p['gpu_ms'] - p['host_ms']:.2f} ms of slack")
+    return (f"host probe: queueing a step takes the host {p['host_ms']:.2f} ms, running it the "
+            f"GPU {p['gpu_ms']:.2f} ms ({verdict}; median of {p['steps']} steps)")
 
 
 def summary_line(r: dict) -> str:
