@@ -152,6 +152,7 @@ class HostProbe:
         self.steps = steps
         self.samples: list[tuple[float, float]] = []  # (ms to queue a step, its GPU ms)
         self.hold_ms = 0.0
+        self._queued_from = 0.0  # when the probed step's queueing began (host clock)
 
     def start(self, device: torch.device, timed_clocks: list) -> None:
         """Before a probed step: hold the GPU for three timed steps (at least 50 ms)."""

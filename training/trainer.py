@@ -375,8 +375,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         checked_params=checked_params, tokens_per_step=tokens_per_step,
         measured_peak=measured_peak, world_size=ctx.world_size, parallel=ctx.kind,
         distributed=ctx.extra, warnings=[*getattr(base_model, "run_warnings", ()), *notes])
-    if probe.result():
-        result["host_probe"] = probe.result()
+    if (reading := probe.result()) is not None:
+        result["host_probe"] = reading
     # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
     result["gradient_guard"]["layout"] = ("v1" if settings.version == "v1" or hasattr(base_model, "to_v1_layout")
                                           else "model")
