@@ -67,9 +67,9 @@ def define_op(name: str, fn, fake, opaque: bool = False):
 
 # The opaque operators, registered with the dispatcher directly. Compiled code calls them at
 # run time, once per layer and pass, and a custom_op would wrap each call in layers of Python
-# (an autograd kernel that finds grad off, a redispatch, an alias check): 38-47 us more per
-# call on an H200's host, about 1 ms of a medium step's 24 calls, where V3's compiled step
-# leaves the host no slack (docs/MULTI_GPU.md, on four GPUs). Autograd passes them by (a
+# (an autograd kernel that finds grad off, a redispatch, an alias check), 24 calls a medium
+# step, where V3's compiled step leaves the host no slack (docs/MULTI_GPU.md, on four GPUs).
+# Direct, each call costs the host about what calling its body does. Autograd passes them by (a
 # fallthrough): only the autograd.Functions' forward and backward call them, where grad is
 # off, and those Functions carry the gradients.
 _OPAQUE = torch.library.Library(LIBRARY, "FRAGMENT")
