@@ -501,6 +501,16 @@ def test_torch_compile_traces_through_the_custom_ops():
     assert_matches(got, want, 1e-6, ["out", "dq", "dk", "dv", "dw"])
 
 
+def test_inductor_launches_our_kernels_with_its_static_launcher():
+    """Inductor's C++ launcher, not Triton's Python one, for the kernels it finds in V3's
+    operators (operators._launch_statically): the host time a compiled step needs."""
+    import torch._inductor.config as inductor_config
+    if not common.USE_TRITON_OP or not hasattr(inductor_config,
+                                               "static_launch_user_defined_triton_kernels"):
+        pytest.skip(f"torch {torch.__version__}: no triton_op, or no static launch of its kernels")
+    assert inductor_config.static_launch_user_defined_triton_kernels
+
+
 @pytest.mark.gpu
 def test_gpu_repeated_runs_are_bit_identical():
     """No atomics, no races: the same inputs give the same bits, every time."""
