@@ -174,11 +174,13 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
     if eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes)):
         widest = max((r["tokens_per_s_max"] / r["tokens_per_s_min"] for r in c["rows"]
                       if r["mode"] == "eager" and r.get("tokens_per_s_min")), default=1.0)
+        here = (f"here by up to {widest:.2f}x" if widest >= 1.05 else
+                f"here by at most {widest:.2f}x: no process's host slowed in this run")
         text += (f"\n\nEach eager row is the median of {eager} interleaved processes, with the range "
                  f"they spanned: where the host sets the pace (Python and the launches, not the GPU), "
-                 f"one process differs from the next (here by up to {widest:.2f}x), and a wide range "
-                 f"marks such a host-paced row. `regress` judges each row against its range. The "
-                 f"other rows are one process each.")
+                 f"one process can differ from the next ({here}), and a wide range marks such a "
+                 f"host-paced row. `regress` judges each row against its range. The other rows are one "
+                 f"process each.")
     return text
 
 

@@ -71,7 +71,7 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "and SiLU*mul into single kernels removes launches and memory round trips of the "
             "activations; `torch.compile` then fuses the remaining elementwise work.",
             "- **V3 against V4, eager**: both are paced by the host launching kernels (V3's RoPE "
-            "kernel replaces hundreds of small PyTorch launches a step), and an eager V3 run moves "
+            "kernel replaces hundreds of small PyTorch launches a step), and an eager V3 run can move "
             "from one process to the next (the range beside each eager row): compare eager rows "
             "only within one run. "
             "**Compiled**, V3 leads: Inductor launches V3's kernels from its own code, and each "
