@@ -260,7 +260,24 @@ def _sdpa() -> list[Row]:
             for b in ("auto", "flash", "efficient", "cudnn", "math")]
 
 
-ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_switches(), *_scaling())
+# Torch's own switch: 0 overrides what V3's kernels/operators.py sets
+TRITON_LAUNCHER = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=0"
+
+
+def _host() -> list[Row]:
+    """Who paces a compiled step without graphs (docs/PROFILING.md): V3 and V4 compiled on one
+    GPU with --host-probe, the host's time to queue a step against the GPU's to run it, and V3
+    with its kernels launched through Triton's launcher instead of Inductor's static one
+    (reproduce --quick runs V4's: V3 compiled in Triton's CPU interpreter takes minutes)."""
+    probe = (*BF16, "--compile", "--host-probe", "8")
+    return [Row("host", "v3_compile", "host-probe", "V3 compiled", "v3", probe),
+            Row("host", "v3_compile_triton_launcher", "host-probe",
+                f"the same, `{TRITON_LAUNCHER}` (Triton's launcher)", "v3", probe, env=(TRITON_LAUNCHER,)),
+            Row("host", "v4_compile", "host-probe", "V4 compiled", "v4", probe, quick=True)]
+
+
+ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_switches(), *_host(),
+                         *_scaling())
 assert len({r.key for r in ROWS}) == len(ROWS), "two rows write one JSON"
 
 

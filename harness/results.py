@@ -368,6 +368,20 @@ def numbers(result: dict) -> dict:
             "p90_over_p10": step_spread(result)}
 
 
+# --host-probe's rule: a host within this fraction of the GPU's time paces the step. A host that
+# close falls behind at any hiccup (a collection, another process), and the GPU waits.
+HOST_PACES = 0.9
+
+
+def host_probe_verdict(probe: dict) -> str:
+    """What a host_probe reading says: who paces the step, or the host's slack in ms."""
+    if probe["host_waited"]:
+        return "no reading: the host waited for the GPU while queueing a step"
+    if probe["host_ms"] >= HOST_PACES * probe["gpu_ms"]:
+        return "the host paces the step"
+    return f"{probe['gpu_ms'] - probe['host_ms']:.2f} ms of slack"
+
+
 def table_rows(results: list[dict]) -> list[dict]:
     """One row per run; speed-up is relative to the first v1 run (if any).
     'p90/p10' is the spread of its step times (see NOISY_SPREAD)."""

@@ -79,6 +79,8 @@ def compact(result: dict | None) -> dict:
             "sdpa_kernel": result["options"].get("sdpa_kernel"),
             **({"overlap": [_overlap_numbers(r) for r in result["overlap"]["ranks"]]}
                if result.get("overlap") else {}),
+            **({"host_probe": {k: result["host_probe"][k] for k in ("host_ms", "gpu_ms", "host_waited")}}
+               if result.get("host_probe") else {}),
             **({"baseline_tokens_per_s": result["scaling_baseline"]["tokens_per_s"]}
                if result.get("scaling_baseline") else {}),
             **({"comm_alone_ms": comm["per_step_ms"]}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from harness.results import host_probe_verdict  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
 
@@ -315,6 +316,24 @@ def memory_switches_block(s: dict) -> str:
     return table(header, out)
 
 
+def host_probe_block(s: dict) -> str:
+    """Compiled rows with --host-probe: the host's time to queue a step against the GPU's to
+    run it (harness/measure.py HostProbe), and who paces the step."""
+    header = ["run", "tok/s", "step ms", "host ms to queue a step", "GPU ms to run it", "verdict"]
+    out = []
+    for label, key in block_rows(s, "host-probe"):
+        r = _measured_row(s, label, key, out, header)
+        if r is None:
+            continue
+        p = r.get("host_probe")
+        out.append([label, num(r["tokens_per_s"]), num(r.get("step_ms"), ".2f"),
+                    num(p["host_ms"], ".2f") if p else "-", num(p["gpu_ms"], ".2f") if p else "-",
+                    host_probe_verdict(p) if p else "no reading (not a GPU run)"])
+    if not out:
+        return PLACEHOLDER
+    return table(header, out)
+
+
 def memory_check_block(s: dict) -> str:
     m = s.get("memory")
     if not m:
@@ -399,6 +418,7 @@ BLOCKS = {
     "attention-memory": lambda s: row_table(s, block_rows(s, "attention-memory"), cols=("tok/s", "step ms", "peak MB")),
     "memory-check": memory_check_block,
     "v3-memory-switches": memory_switches_block,
+    "host-probe": host_probe_block,
     "levers": lambda s: row_table(s, block_rows(s, "levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
     "fusion-ablations": lambda s: row_table(s, block_rows(s, "fusion-ablations")),
     "gate-up": lambda s: row_table(s, block_rows(s, "gate-up")),

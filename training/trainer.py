@@ -489,13 +489,11 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
 
 
 def host_probe_line(p: dict) -> str:
-    """--host-probe's verdict. Within 10% of the GPU's time the host paces the step: a host
-    that close falls behind at any hiccup (a collection, another process), and the GPU waits."""
+    """--host-probe's reading and its verdict (results.host_probe_verdict)."""
     if p["host_waited"]:
         return (f"host probe: the host waited for the GPU while queueing a step ({p['host_ms']:.2f}"
                 f" of the {p['hold_ms']:.0f} ms the GPU was held): no reading")
-    verdict = ("the host paces the step" if p["host_ms"] >= 0.9 * p["gpu_ms"] else
-               f"{p['gpu_ms'] - p['host_ms']:.2f} ms of slack")
+    verdict = results.host_probe_verdict(p)
     return (f"host probe: queueing a step takes the host {p['host_ms']:.2f} ms, running it the "
             f"GPU {p['gpu_ms']:.2f} ms ({verdict}; median of {p['steps']} steps)")
 
