@@ -10,7 +10,8 @@ for the kernel benchmark):
   host_ms    what a call costs the host (Python + launch), with the GPU running behind
 and, to compare two calls on the GPU alone, paired_graph_ratio: both graph replays in each
 of several rounds, the median of the rounds' ratios. For a whole training step, HostProbe
-(the trainer's --host-probe) sets the host's time to queue it against the GPU's to run it.
+(the trainer's --host-probe) reads the GPU's time to run it with nothing to wait for, and the
+host's time to queue it behind a held GPU.
 """
 from __future__ import annotations
 
@@ -141,10 +142,12 @@ class HostProbe:
 
     After the timed steps, N more steps run, each queued behind a GPU busy-wait of a few
     step times (device.hold): the host queues the whole step while the GPU is still
-    waiting, so the host clock measures what queueing the step costs (Python, dispatch,
-    launches) and the step's events what the GPU needs to run it with nothing to wait
-    for. A step whose queueing takes about as long as its GPU time is paced by the host:
-    a faster kernel would change nothing, and any hiccup of the host shows in the step.
+    waiting, so the step's events read what the GPU needs to run it with nothing to wait
+    for, and the host clock what queueing the step costs (Python, dispatch, launches) - into
+    a queue hundreds of launches deep, which can read more than queueing the same step
+    behind a running GPU (docs/PROFILING.md). The timed steps less the GPU's time is what
+    the GPU waited for the host (results.host_probe_verdict): where it waits, a faster
+    kernel changes nothing, and any hiccup of the host shows in the step.
     If queueing takes most of the busy-wait, the host waited for the GPU (a synchronize in
     the step, or more launches than the driver's queue holds): `host_waited` says so."""
 

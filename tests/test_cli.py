@@ -209,12 +209,12 @@ def test_host_probe_reading_and_its_line():
     reading = probe.result()
     assert reading == {"steps": 3, "hold_ms": 60.0, "host_ms": 18.0, "gpu_ms": 18.5,
                        "host_waited": False}
-    assert "the host paces the step" in training.trainer.host_probe_line(reading)
-    reading.update(host_ms=12.0)
-    assert "6.50 ms of slack" in training.trainer.host_probe_line(reading)
+    # the timed steps against the GPU's time for a step queued ahead: what the GPU waited
+    assert "the GPU waited 1.50 ms a step" in training.trainer.host_probe_line(reading, 20.0)
+    assert "the GPU hardly waited" in training.trainer.host_probe_line(reading, 18.9)
     probe.samples = [(55.0, 18.5)]  # queueing took most of the hold: the host waited
     assert probe.result()["host_waited"]
-    assert "no reading" in training.trainer.host_probe_line(probe.result())
+    assert "no reading" in training.trainer.host_probe_line(probe.result(), 18.9)
 
 
 @pytest.mark.gpu

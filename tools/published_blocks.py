@@ -8,7 +8,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from harness.results import host_probe_verdict  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
 
@@ -317,18 +316,22 @@ def memory_switches_block(s: dict) -> str:
 
 
 def host_probe_block(s: dict) -> str:
-    """Compiled rows with --host-probe: the host's time to queue a step against the GPU's to
-    run it (harness/measure.py HostProbe), and who paces the step."""
-    header = ["run", "tok/s", "step ms", "host ms to queue a step", "GPU ms to run it", "verdict"]
+    """Compiled rows with --host-probe (harness/measure.py HostProbe): the step, the GPU's time
+    for a step queued whole ahead of it, how long the GPU waited a step (the step less that),
+    and the host's time to queue a step while the GPU was held."""
+    header = ["run", "tok/s", "step ms", "GPU ms, step queued ahead", "GPU waiting ms a step",
+              "host ms to queue a step (GPU held)"]
     out = []
     for label, key in block_rows(s, "host-probe"):
         r = _measured_row(s, label, key, out, header)
         if r is None:
             continue
-        p = r.get("host_probe")
+        p = r.get("host_probe") or {}
+        usable = p and not p.get("host_waited")
         out.append([label, num(r["tokens_per_s"]), num(r.get("step_ms"), ".2f"),
-                    num(p["host_ms"], ".2f") if p else "-", num(p["gpu_ms"], ".2f") if p else "-",
-                    host_probe_verdict(p) if p else "no reading (not a GPU run)"])
+                    num(p.get("gpu_ms"), ".2f") if usable else "-",
+                    num(r["step_ms"] - p["gpu_ms"], ".2f") if usable and r.get("step_ms") else "-",
+                    num(p.get("host_ms"), ".2f") if usable else "no reading"])
     if not out:
         return PLACEHOLDER
     return table(header, out)

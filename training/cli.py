@@ -143,8 +143,9 @@ def build_parser(version: str, description: str, add_arguments=None,
     r.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     r.add_argument("--host-probe", type=int, default=0, metavar="N",
                    help="after the timed steps, N more, each queued while the GPU is held "
-                        "busy: the host's time to queue a step against the GPU's time to run "
-                        "it (is the step paced by the host?); GPU only")
+                        "busy: the GPU's time for a step queued ahead of it against the timed "
+                        "steps (how long the GPU waits for the host), and the host's time to "
+                        "queue a step; GPU only")
     r.add_argument("--profile", choices=("pytorch", "deepspeed", "flopcounter", "window"),
                    default=None,
                    help="profile a few steps after warm-up; window = only mark them for "

@@ -386,7 +386,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         results.write_atomic(output, result)
         say(summary_line(result))
         if "host_probe" in result:
-            say(host_probe_line(result["host_probe"]))
+            say(host_probe_line(result["host_probe"], results.numbers(result)["step_ms"]))
         print(f"results: {output}", flush=True)  # even with --quiet: where the run's result is
     return result
 
@@ -488,14 +488,15 @@ def _progress_line(step, settings, losses, clocks, tokens_per_step) -> str:
     return f"step {step + 1:5d}/{settings.num_steps} | loss {losses[-1]:.4f}{speed}{eta}"
 
 
-def host_probe_line(p: dict) -> str:
+def host_probe_line(p: dict, step_ms: float) -> str:
     """--host-probe's reading and its verdict (results.host_probe_verdict)."""
     if p["host_waited"]:
         return (f"host probe: the host waited for the GPU while queueing a step ({p['host_ms']:.2f}"
                 f" of the {p['hold_ms']:.0f} ms the GPU was held): no reading")
-    verdict = results.host_probe_verdict(p)
-    return (f"host probe: queueing a step takes the host {p['host_ms']:.2f} ms, running it the "
-            f"GPU {p['gpu_ms']:.2f} ms ({verdict}; median of {p['steps']} steps)")
+    return (f"host probe: with the GPU held, queueing a step takes the host {p['host_ms']:.2f} ms;"
+            f" the GPU runs a step queued ahead in {p['gpu_ms']:.2f} ms, the timed steps took "
+            f"{step_ms:.2f} ms ({results.host_probe_verdict(p, step_ms)}; median of {p['steps']} "
+            f"steps)")
 
 
 def summary_line(r: dict) -> str:

@@ -71,11 +71,12 @@ def _launch_statically() -> None:
     """Inductor launches the kernels it writes through its static launcher (C++), but the
     kernels it finds in a triton_op through Triton's own (Python), unless this switch says
     otherwise. A compiled V3 step launches about ninety of ours (norms, RoPE, SwiGLU, each
-    way), and the static launch saves the host milliseconds a medium step, which the compiled
-    step needs: without it the host takes about as long to queue a step as the GPU takes to
-    run it (`--host-probe` reads both). Only user-written Triton kernels see the switch, and
-    V3's are the only ones in the project; a kernel the static launcher cannot take (one with
-    launch attributes) falls back to Triton's launcher by itself."""
+    way), where its host has the least time to spare of the four versions. On one GPU the two
+    launchers read alike (`bash benchmarks/reproduce.sh host` runs the pair: docs/PROFILING.md);
+    the static one is C++, and a host with less to spare (one of several ranks) counts every
+    launch. Only user-written Triton kernels see the switch, and V3's are
+    the only ones in the project; a kernel the static launcher cannot take (one with launch
+    attributes) falls back to Triton's launcher by itself."""
     import torch._inductor.config as inductor_config
     if hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):  # torch >= 2.8
         inductor_config.static_launch_user_defined_triton_kernels = True
