@@ -79,6 +79,15 @@ def _measured_row(s: dict, label: str, key: str, out: list, header: list) -> dic
     return r if r is not None and r.get("ok") else None
 
 
+def _measured_rows(s: dict, block: str, out: list, header: list):
+    """(label, key, row) of each measured row of a block; a failed one becomes a line of `out`
+    (_measured_row)."""
+    for label, key in block_rows(s, block):
+        r = _measured_row(s, label, key, out, header)
+        if r is not None:
+            yield label, key, r
+
+
 def _measured_by_scaling(rows: list[dict]) -> str:
     """The caption of data-parallel rows' numbers: their GPUs (the most any of them used; a
     1-GPU run among them ran on the same machine), torch, days and command."""
@@ -300,10 +309,7 @@ def memory_switches_block(s: dict) -> str:
     header = ["run", "tok/s", "x V4 best", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
               "model error"]
     out = []
-    for label, key in block_rows(s, "v3-memory-switches"):
-        r = _measured_row(s, label, key, out, header)
-        if r is None:
-            continue
+    for label, key, r in _measured_rows(s, "v3-memory-switches", out, header):
         m = predicted.get(key.split("/", 1)[1], {})
         out.append([label, num(r["tokens_per_s"]), ratio(r, v4), num(r.get("step_ms"), ".2f"),
                     num(r.get("peak_mb")),
@@ -322,10 +328,7 @@ def host_probe_block(s: dict) -> str:
     header = ["run", "tok/s", "step ms", "GPU ms, step queued ahead", "GPU waiting ms a step",
               "host ms to queue a step (GPU held)"]
     out = []
-    for label, key in block_rows(s, "host-probe"):
-        r = _measured_row(s, label, key, out, header)
-        if r is None:
-            continue
+    for label, _, r in _measured_rows(s, "host-probe", out, header):
         p = r.get("host_probe") or {}
         usable = p and not p.get("host_waited")
         out.append([label, num(r["tokens_per_s"]), num(r.get("step_ms"), ".2f"),
