@@ -266,9 +266,10 @@ TRITON_LAUNCHER = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=0"
 
 def _host() -> list[Row]:
     """Who paces a compiled step without graphs (docs/PROFILING.md): V3 and V4 compiled on one
-    GPU with --host-probe, the host's time to queue a step against the GPU's to run it, and V3
-    with its kernels launched through Triton's launcher instead of Inductor's static one
-    (reproduce --quick runs V4's: V3 compiled in Triton's CPU interpreter takes minutes)."""
+    GPU with --host-probe (how long the GPU waits for the host a step, and the host's time to
+    queue a step), and V3 with its kernels launched through Triton's launcher instead of
+    Inductor's static one (reproduce --quick runs V4's: V3 compiled in Triton's CPU
+    interpreter takes minutes)."""
     probe = (*BF16, "--compile", "--host-probe", "8")
     return [Row("host", "v3_compile", "host-probe", "V3 compiled", "v3", probe),
             Row("host", "v3_compile_triton_launcher", "host-probe",
