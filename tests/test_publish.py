@@ -265,6 +265,26 @@ def test_memory_switch_rows_show_speed_and_peak_beside_v4_and_the_model(tmp_path
     assert failed.count("|") == text.splitlines()[0].count("|")  # a cell for every column
 
 
+def test_host_probe_rows_show_what_the_gpu_waited_and_the_host_s_time():
+    """The host step's rows keep their probe when published (publish.compact), and the block
+    reads the GPU's wait as the step less the GPU's time for a step queued ahead; a row
+    without a usable probe (the host waited, or none was taken) and a failed row say so."""
+    template = json.loads((REPO / "docs/published/h200/rows.json").read_text())["levers/prec_bf16"]
+    probed = {**template, "host_probe": {"steps": 8, "hold_ms": 60.0, "host_ms": 21.0, "gpu_ms": 19.5,
+                                         "host_waited": False}}
+    row = publish.compact(probed)
+    assert row["host_probe"] == {"host_ms": 21.0, "gpu_ms": 19.5, "host_waited": False}
+    waited = publish.compact({**probed, "host_probe": {**probed["host_probe"], "host_waited": True}})
+    keys = ["host/v3_compile", "host/v3_compile_triton_launcher", "host/v4_compile"]
+    summary = {"experiments": experiments.manifest(),
+               "rows": dict(zip(keys, [row, waited, {"ok": False, "exit_code": 1, "error": "boom"}]))}
+    lines = blocks.render("host-probe", summary).splitlines()
+    assert lines[2] == (f"| V3 compiled | {row['tokens_per_s']:,.0f} | {row['step_ms']:.2f} | 19.50 | "
+                        f"{row['step_ms'] - 19.5:.2f} | 21.00 |")
+    assert lines[3].endswith("| - | - | no reading |") and "exit 1: boom" in lines[4]
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
 def test_profiled_scaling_rows_publish_their_overlap_per_rank(tmp_path):
     """A profiled row of the scaling step carries the overlap read from its ranks' traces
     (<row>_profile/overlap.json, written by analysis_tools overlap --json) into the published
