@@ -268,13 +268,12 @@ def _host() -> list[Row]:
     """Who paces a compiled step without graphs (docs/PROFILING.md): V3 and V4 compiled on one
     GPU with --host-probe (how long the GPU waits for the host a step, and the host's time to
     queue a step), and V3 with its kernels launched through Triton's launcher instead of
-    Inductor's static one (reproduce --quick runs V4's: V3 compiled in Triton's CPU
-    interpreter takes minutes)."""
+    Inductor's static one. GPU rows only: reproduce --quick skips the step."""
     probe = (*BF16, "--compile", "--host-probe", "8")
     return [Row("host", "v3_compile", "host-probe", "V3 compiled", "v3", probe),
             Row("host", "v3_compile_triton_launcher", "host-probe",
                 f"the same, `{TRITON_LAUNCHER}` (Triton's launcher)", "v3", probe, env=(TRITON_LAUNCHER,)),
-            Row("host", "v4_compile", "host-probe", "V4 compiled", "v4", probe, quick=True)]
+            Row("host", "v4_compile", "host-probe", "V4 compiled", "v4", probe)]
 
 
 ROWS: tuple[Row, ...] = (*_memory(), *_levers(), *_fusion(), *_blocks(), *_sdpa(), *_switches(), *_host(),
