@@ -373,14 +373,21 @@ def numbers(result: dict) -> dict:
 HOST_PACES = 0.05
 
 
+def gpu_waiting_ms(probe: dict, step_ms: float) -> float | None:
+    """How long the GPU waited a step for the host: the timed steps' median less the GPU's
+    time for a step queued ahead of it (nothing else was queued). None where the probe has
+    no reading (the host waited for the GPU while queueing)."""
+    return None if probe["host_waited"] else step_ms - probe["gpu_ms"]
+
+
 def host_probe_verdict(probe: dict, step_ms: float) -> str:
-    """Who paces the step, from a host_probe reading and the timed steps' median: the GPU
-    waited (step_ms - gpu_ms) a step, for the host, since nothing else was queued. The probe's
-    own host time is queued behind a held GPU, hundreds of launches deep, and can read more
-    than a step takes (docs/PROFILING.md): it compares runs, it does not judge one."""
-    if probe["host_waited"]:
+    """Who paces the step, from a host_probe reading and the timed steps' median
+    (gpu_waiting_ms). The probe's own host time is queued behind a held GPU, hundreds of
+    launches deep, and can read more than a step takes (docs/PROFILING.md): it compares
+    runs, it does not judge one."""
+    waiting = gpu_waiting_ms(probe, step_ms)
+    if waiting is None:
         return "no reading: the host waited for the GPU while queueing a step"
-    waiting = step_ms - probe["gpu_ms"]
     if waiting > HOST_PACES * step_ms:
         return f"the GPU waited {waiting:.2f} ms a step for the host: the host paces the step"
     return "the GPU hardly waited: it paces the step"

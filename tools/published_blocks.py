@@ -8,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from harness.results import gpu_waiting_ms  # noqa: E402
 from tools.published_format import (MODE_NAMES, PLACEHOLDER, VERSION_NAMES, best,  # noqa: E402
                                     num, pct, ratio, speed, table)
 
@@ -329,12 +330,12 @@ def host_probe_block(s: dict) -> str:
               "host ms to queue a step (GPU held)"]
     out = []
     for label, _, r in _measured_rows(s, "host-probe", out, header):
-        p = r.get("host_probe") or {}
-        usable = p and not p.get("host_waited")
+        p = r.get("host_probe")
+        waiting = gpu_waiting_ms(p, r["step_ms"]) if p and r.get("step_ms") else None
         out.append([label, num(r["tokens_per_s"]), num(r.get("step_ms"), ".2f"),
-                    num(p.get("gpu_ms"), ".2f") if usable else "-",
-                    num(r["step_ms"] - p["gpu_ms"], ".2f") if usable and r.get("step_ms") else "-",
-                    num(p.get("host_ms"), ".2f") if usable else "no reading"])
+                    num(p["gpu_ms"], ".2f") if waiting is not None else "-",
+                    num(waiting, ".2f") if waiting is not None else "-",
+                    num(p["host_ms"], ".2f") if waiting is not None else "no reading"])
     if not out:
         return PLACEHOLDER
     return table(header, out)

@@ -74,9 +74,9 @@ def _launch_statically() -> None:
     way), where its host has the least time to spare of the four versions. On one GPU the two
     launchers read alike (`bash benchmarks/reproduce.sh host` runs the pair: docs/PROFILING.md);
     the static one is C++, and a host with less to spare (one of several ranks) counts every
-    launch. Only user-written Triton kernels see the switch, and V3's are
-    the only ones in the project; a kernel the static launcher cannot take (one with launch
-    attributes) falls back to Triton's launcher by itself."""
+    launch. Only user-written Triton kernels see the switch, and V3's are the only ones in the
+    project; a kernel the static launcher cannot take (one with launch attributes) falls back
+    to Triton's launcher by itself."""
     import torch._inductor.config as inductor_config
     if hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):  # torch >= 2.8
         inductor_config.static_launch_user_defined_triton_kernels = True
@@ -85,7 +85,7 @@ def _launch_statically() -> None:
 # The opaque operators, registered with the dispatcher directly. Compiled code calls them at
 # run time, once per layer and pass, and a custom_op would wrap each call in layers of Python
 # (an autograd kernel that finds grad off, a redispatch, an alias check), 24 calls a medium
-# step, where V3's compiled step leaves the host no slack (docs/MULTI_GPU.md, on four GPUs).
+# step, where V3's compiled step leaves the host little slack (docs/MULTI_GPU.md, on four GPUs).
 # Direct, each call costs the host about what calling its body does. Autograd passes them by (a
 # fallthrough): only the autograd.Functions' forward and backward call them, where grad is
 # off, and those Functions carry the gradients.
