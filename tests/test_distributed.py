@@ -577,6 +577,36 @@ def test_overlap_of_communication_with_compute(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no GPU kernels" in proc.stderr
 
 
+def test_overlap_counts_only_the_kernels_the_profiled_steps_launched(tmp_path):
+    """The host runs ahead: kernels queued before the first profiled step can run inside the
+    window. Each kernel is matched to its launch by correlation id (a graph's kernels share
+    their graph launch's) and kept only where that launch lies in a ProfilerStep range."""
+    def kernel(name, a, b, correlation):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": a, "dur": b - a,
+                "args": {"correlation": correlation}}
+
+    def launch(name, ts, correlation, cat="cuda_runtime"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": 1, "args": {"correlation": correlation}}
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "ts": 100, "dur": 50},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#6", "ts": 150, "dur": 50},
+        launch("cudaGraphLaunch", 90, 1),                     # the step before: not profiled
+        kernel("sm90_gemm", 100, 130, 1), kernel("rms_norm", 130, 140, 1),
+        kernel("swiglu", 140, 145, 2),                        # its launch is not in the trace
+        launch("cudaGraphLaunch", 110, 3),                    # a profiled step's graph: both kernels
+        kernel("sm90_gemm", 150, 170, 3), kernel("rms_norm", 170, 180, 3),
+        launch("cuLaunchKernelEx", 160, 4, cat="cuda_driver"),
+        kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 175, 185, 4)]
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    row = scaling.communication_overlap(trace)
+    assert (row["steps"], row["comm_kernels"]) == (2, 1)
+    assert row["compute_ms_per_step"] == pytest.approx(30 / 2 / 1000)  # 150-180, not 100-145
+    assert row["comm_ms_per_step"] == pytest.approx(10 / 2 / 1000)
+    assert row["overlapped_ms_per_step"] == pytest.approx(5 / 2 / 1000)
+    assert row["gpu_window_ms_per_step"] == pytest.approx(35 / 2 / 1000)
+
+
 @pytest.mark.slow  # ~13 s, two ranks: make test-slow
 def test_small_buckets_train_exactly_like_the_default(single_run, tmp_path):
     """Bucketing only groups the all-reduces: the averaged gradients are the same."""
