@@ -183,6 +183,7 @@ def _launched_in(events: list, step_ranges: list) -> list:
 
     def in_a_step(ts: float) -> bool:
         return any(a <= ts <= b for a, b in step_ranges)
+
     def kept(kernel: dict) -> bool:
         correlation = kernel.get("args", {}).get("correlation")
         return correlation is None or in_a_step(launched_at.get(correlation, -math.inf))
