@@ -12,7 +12,6 @@ the communication probe of training/parallel.py; docs/MULTI_GPU.md explains both
 from __future__ import annotations
 
 import json
-import math
 
 from harness.errors import UsageError
 from harness.results import numbers
@@ -132,6 +131,7 @@ def communication_overlap(trace_path) -> dict:
     """
     from profiling.parsers.kernel_table import ProfileParseError
     from profiling.parsers.readers import read_text
+    from profiling.parsers.torch_profiler import kernels_launched_in, profiler_steps
 
     try:
         trace = json.loads(read_text(trace_path))
@@ -139,10 +139,9 @@ def communication_overlap(trace_path) -> dict:
         raise UsageError(f"{trace_path}: not a readable PyTorch profiler trace "
                          f"({getattr(e, 'msg', e)})") from None
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    step_ranges = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_ranges = profiler_steps(events)
     kernels = [(e["ts"], e["ts"] + e.get("dur", 0), "nccl" in str(e.get("name", "")).lower())
-               for e in _launched_in(events, step_ranges)]
+               for e in kernels_launched_in(events, step_ranges)]
     if not kernels:
         raise UsageError(f"{trace_path}: no GPU kernels in this trace (a CPU run?)")
     comm = _union([(a, b) for a, b, is_comm in kernels if is_comm])
@@ -164,30 +163,6 @@ def communication_overlap(trace_path) -> dict:
             "gpu_window_ms_per_step": per_step(window_us),
             "gpu_idle_ms_per_step": per_step(window_us - _length(_union(comm + compute))),
             "host_step_ms": host_steps[len(host_steps) // 2] / 1000 if host_steps else None}
-
-
-def _launched_in(events: list, step_ranges: list) -> list:
-    """The trace's GPU kernels that the profiled steps launched. The host runs ahead of the GPU
-    (by up to a step where CUDA/HIP graphs replay it), so kernels that the step before the first
-    profiled one queued can run, and be recorded, inside the window: counted, they would add up to
-    a step's kernels more than the steps hold. A kernel and the host call that launched it (a kernel
-    launch, a graph launch: every kernel of a graph shares its launch's) carry the same
-    correlation id; a kernel is kept when its launch is in the trace and began inside a
-    ProfilerStep range (a kernel whose launch the trace lacks was queued before it began). A
-    trace without correlation ids or step ranges keeps every kernel."""
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    launched_at = {e["args"]["correlation"]: e["ts"] for e in events
-                   if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    if not step_ranges or not launched_at:
-        return kernels
-
-    def in_a_step(ts: float) -> bool:
-        return any(a <= ts <= b for a, b in step_ranges)
-
-    def kept(kernel: dict) -> bool:
-        correlation = kernel.get("args", {}).get("correlation")
-        return correlation is None or in_a_step(launched_at.get(correlation, -math.inf))
-    return [k for k in kernels if kept(k)]
 
 
 def _union(intervals) -> list[list[float]]:

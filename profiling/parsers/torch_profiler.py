@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from . import kernel_table as kt
@@ -37,8 +38,7 @@ def read_trace(path) -> kt.KernelTable:
         raise kt.ProfileParseError(f"{path}: not a JSON trace ({e.msg})") from None
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATEGORIES]
-    steps = sum(1 for e in events if e.get("cat") == "user_annotation"
-                and str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = len(profiler_steps(events))
     launches = [kt.Launch(e["name"], float(e.get("dur", 0)) * 1000.0) for e in gpu]
     notes = []
     if steps:
@@ -52,6 +52,37 @@ def read_trace(path) -> kt.KernelTable:
     else:
         notes.append("no GPU kernels in this trace (a CPU run): use operators.csv")
     return kt.from_launches(launches, SOURCE, files=[path], notes=notes)
+
+
+def profiler_steps(events: list) -> list[tuple[float, float]]:
+    """(start, end) on the host clock, in us, of each step the profiler recorded: its
+    ProfilerStep#N ranges."""
+    return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+            if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
+
+
+def kernels_launched_in(events: list, steps: list) -> list[dict]:
+    """The trace's GPU kernels that the recorded `steps` (profiler_steps) launched. The host runs
+    ahead of the GPU (by up to a step where CUDA/HIP graphs replay it), so kernels that the step
+    before the first recorded one queued can run, and be recorded, inside the window: counted,
+    they would add up to a step's kernels more than the steps hold. A kernel and the host call
+    that launched it (a kernel launch, a graph launch: every kernel of a graph shares its
+    launch's) carry the same correlation id; a kernel is kept when its launch is in the trace and
+    began inside a step (a kernel whose launch the trace lacks was queued before it began). A
+    trace without correlation ids or steps keeps every kernel."""
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    launched_at = {e["args"]["correlation"]: e["ts"] for e in events
+                   if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    if not steps or not launched_at:
+        return kernels
+
+    def in_a_step(ts: float) -> bool:
+        return any(a <= ts <= b for a, b in steps)
+
+    def kept(kernel: dict) -> bool:
+        correlation = kernel.get("args", {}).get("correlation")
+        return correlation is None or in_a_step(launched_at.get(correlation, -math.inf))
+    return [k for k in kernels if kept(k)]
 
 
 def find_traces(folder) -> list[Path]:
