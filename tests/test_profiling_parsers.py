@@ -4,6 +4,7 @@ Fixtures (tests/fixtures/profilers/, see its README.md):
   nvidia_h200/  real outputs from an NVIDIA H200 (ncu 2025.3.1, torch 2.11)
   rocprofv3/, rocprof_compute/, nsys/  synthetic rows under the documented headers
 """
+import json
 import os
 import shutil
 from pathlib import Path
@@ -209,11 +210,32 @@ def test_nsys_stats_csv_variants(tmp_path):
 
 # ----------------------------------------------------------------- PyTorch profiler trace
 def test_torch_trace_real_file():
+    """The sample keeps the GEMM's launch (inside ProfilerStep#2) but not the memset's: a GPU
+    event whose launch the trace lacks was queued before the window and is not counted."""
     table = torch_profiler.read_trace(FIX / "nvidia_h200" / "trace_sample.json")
     assert [(r.name, r.category, r.total_us) for r in table.rows] == [
-        ("nvjet_sm90_tst_96x128_64x7_2x1_v_bz_TNN", "gemm", pytest.approx(5.376)),
-        ("Memset (Device)", "copy", pytest.approx(0.768))]
+        ("nvjet_sm90_tst_96x128_64x7_2x1_v_bz_TNN", "gemm", pytest.approx(5.376))]
     assert "1 profiled step(s)" in table.notes
+
+
+def test_torch_trace_counts_what_the_steps_launched(tmp_path):
+    """A graph-replayed window also records the kernels of the step queued before it: the
+    kernel table keeps a kernel or a copy only when its launch lies inside a recorded step."""
+    def gpu(cat, name, ts, correlation):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": 10, "args": {"correlation": correlation}}
+
+    def launch(name, ts, correlation):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1,
+                "args": {"correlation": correlation}}
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "ts": 100, "dur": 100},
+              launch("cudaGraphLaunch", 50, 1), gpu("kernel", "gemm_of_the_step_before", 110, 1),
+              launch("cudaGraphLaunch", 120, 2), gpu("kernel", "nvjet_gemm", 150, 2),
+              gpu("kernel", "nvjet_gemm", 170, 2), launch("cudaMemsetAsync", 130, 3),
+              gpu("gpu_memset", "Memset (Device)", 180, 3)]
+    path = tmp_path / "host.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = torch_profiler.read_trace(path)
+    assert sorted((r.name, r.calls) for r in table.rows) == [("Memset (Device)", 1), ("nvjet_gemm", 2)]
 
 
 class _Avg:  # stands in for torch's FunctionEventAvg

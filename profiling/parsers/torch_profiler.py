@@ -37,8 +37,11 @@ def read_trace(path) -> kt.KernelTable:
     except json.JSONDecodeError as e:
         raise kt.ProfileParseError(f"{path}: not a JSON trace ({e.msg})") from None
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENT_CATEGORIES]
-    steps = len(profiler_steps(events))
+    steps = profiler_steps(events)
+    # Only what the recorded steps launched: a graph-replayed run's window also holds the
+    # kernels of the step queued before it (kernels_launched_in says why).
+    gpu = kernels_launched_in(events, steps, GPU_EVENT_CATEGORIES)
+    steps = len(steps)
     launches = [kt.Launch(e["name"], float(e.get("dur", 0)) * 1000.0) for e in gpu]
     notes = []
     if steps:
@@ -61,8 +64,9 @@ def profiler_steps(events: list) -> list[tuple[float, float]]:
             if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
 
 
-def kernels_launched_in(events: list, steps: list) -> list[dict]:
-    """The trace's GPU kernels that the recorded `steps` (profiler_steps) launched. The host runs
+def kernels_launched_in(events: list, steps: list, categories=("kernel",)) -> list[dict]:
+    """The trace's GPU kernels (events of `categories`: add "gpu_memcpy", "gpu_memset" for the
+    copies and fills) that the recorded `steps` (profiler_steps) launched. The host runs
     ahead of the GPU (by up to a step where CUDA/HIP graphs replay it), so kernels that the step
     before the first recorded one queued can run, and be recorded, inside the window: counted,
     they would add up to a step's kernels more than the steps hold. A kernel and the host call
@@ -70,7 +74,7 @@ def kernels_launched_in(events: list, steps: list) -> list[dict]:
     launch's) carry the same correlation id; a kernel is kept when its launch is in the trace and
     began inside a step (a kernel whose launch the trace lacks was queued before it began). A
     trace without correlation ids or steps keeps every kernel."""
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in categories]
     launched_at = {e["args"]["correlation"]: e["ts"] for e in events
                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     if not steps or not launched_at:
