@@ -236,6 +236,10 @@ def test_torch_trace_counts_what_the_steps_launched(tmp_path):
     path.write_text(json.dumps({"traceEvents": events}))
     table = torch_profiler.read_trace(path)
     assert sorted((r.name, r.calls) for r in table.rows) == [("Memset (Device)", 1), ("nvjet_gemm", 2)]
+    # a profiler that does not correlate kernels with launches: nothing to match, all kept
+    uncorrelated = [dict(e, args={}) if e["cat"] == "cuda_runtime" else e for e in events]
+    path.write_text(json.dumps({"traceEvents": uncorrelated}))
+    assert sum(r.calls for r in torch_profiler.read_trace(path).rows) == 4
 
 
 class _Avg:  # stands in for torch's FunctionEventAvg

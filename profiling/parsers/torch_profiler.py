@@ -73,11 +73,12 @@ def kernels_launched_in(events: list, steps: list, categories=("kernel",)) -> li
     that launched it (a kernel launch, a graph launch: every kernel of a graph shares its
     launch's) carry the same correlation id; a kernel is kept when its launch is in the trace and
     began inside a step (a kernel whose launch the trace lacks was queued before it began). A
-    trace without correlation ids or steps keeps every kernel."""
+    trace without steps, or whose kernels match no launch (a profiler that does not correlate
+    them), keeps every kernel."""
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in categories]
     launched_at = {e["args"]["correlation"]: e["ts"] for e in events
                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    if not steps or not launched_at:
+    if not steps or not any(k.get("args", {}).get("correlation") in launched_at for k in kernels):
         return kernels
 
     def in_a_step(ts: float) -> bool:
