@@ -11,8 +11,6 @@ the communication probe of training/parallel.py; docs/MULTI_GPU.md explains both
 """
 from __future__ import annotations
 
-import json
-
 from harness.errors import UsageError
 from harness.results import numbers
 from training.parallel import BUCKET_MB, DEFAULTS
@@ -130,15 +128,12 @@ def communication_overlap(trace_path) -> dict:
     The profiler itself slows the host, so both read high against an unprofiled run.
     """
     from profiling.parsers.kernel_table import ProfileParseError
-    from profiling.parsers.readers import read_text
-    from profiling.parsers.torch_profiler import kernels_launched_in, profiler_steps
+    from profiling.parsers.torch_profiler import kernels_launched_in, profiler_steps, trace_events
 
     try:
-        trace = json.loads(read_text(trace_path))
-    except (json.JSONDecodeError, ProfileParseError) as e:
-        raise UsageError(f"{trace_path}: not a readable PyTorch profiler trace "
-                         f"({getattr(e, 'msg', e)})") from None
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+        events = trace_events(trace_path)
+    except ProfileParseError as e:
+        raise UsageError(str(e)) from None
     step_ranges = profiler_steps(events)
     kernels = [(e["ts"], e["ts"] + e.get("dur", 0), "nccl" in str(e.get("name", "")).lower())
                for e in kernels_launched_in(events, step_ranges)]

@@ -31,17 +31,22 @@ OPERATOR_COLUMNS = ("name", "calls", "self_device_us", "device_total_us", "self_
 
 
 # ----------------------------------------------------------------- trace
-def read_trace(path) -> kt.KernelTable:
+def trace_events(path) -> list[dict]:
+    """The events of a Chrome trace (a `{"traceEvents": [...]}` object or a bare list)."""
     try:
         trace = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise kt.ProfileParseError(f"{path}: not a JSON trace ({e.msg})") from None
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    steps = profiler_steps(events)
+    return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+
+
+def read_trace(path) -> kt.KernelTable:
+    events = trace_events(path)
+    step_ranges = profiler_steps(events)
     # Only what the recorded steps launched: a graph-replayed run's window also holds the
     # kernels of the step queued before it (kernels_launched_in says why).
-    gpu = kernels_launched_in(events, steps, GPU_EVENT_CATEGORIES)
-    steps = len(steps)
+    gpu = kernels_launched_in(events, step_ranges, GPU_EVENT_CATEGORIES)
+    steps = len(step_ranges)
     launches = [kt.Launch(e["name"], float(e.get("dur", 0)) * 1000.0) for e in gpu]
     notes = []
     if steps:
