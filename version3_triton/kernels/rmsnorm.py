@@ -118,13 +118,14 @@ def _rmsnorm_bwd_kernel(DY, X, W, DH, DX, DDELTA, DW_PARTIAL, DW, TICKETS, n_row
         mask = (rows[:, None] < row_end) & (cols < n_cols)
         x = tl.load(X + rows[:, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        if ADD_GRAD:  # issued with x and dy, before the row sums wait for them: one round trip
+            dh = tl.load(DH + rows[:, None] * stride_dh + cols, mask=mask, other=0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # as the forward's
         x_hat = x * rstd[:, None]
         g = dy * w
         mean_gx = tl.sum(g * x_hat, axis=1) / n_cols
         dx = (g - x_hat * mean_gx[:, None]) * rstd[:, None]
         if ADD_GRAD:
-            dh = tl.load(DH + rows[:, None] * stride_dh + cols, mask=mask, other=0.0)
             dx += dh.to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         if STORE_DDELTA:
