@@ -19,6 +19,10 @@
 # run only so long (a job scheduler's limit), run the steps a few at a time, or set TIME_LIMIT
 # (below) and run the same command until it exits with something other than 3. The README table
 # needs `env compare-medium`.
+# Run one reproduce at a time on a host, even on a machine with several GPUs: rows that the
+# host paces (eager, compiled without graphs, the small preset, the host step, the kernel table's
+# timings without graphs) slow down beside other work on its CPUs. On an H200 host, the small
+# comparison's graph rows ran 11-13% slower beside a second reproduce on the other GPU than alone.
 # This script measures and writes JSON; it never publishes. Its last step checks:
 #   regress   python -m analysis_tools regress: the throughput of every comparison row and
 #             scaling row against docs/published/<gpu>/ (exit 1 on a drop of more than 5%)
