@@ -156,7 +156,7 @@ def rmsnorm_config(kernel: str, n_cols: int, target: Optional[Target] = None,
     spill registers to memory - slower, still correct.
     One measured exception (elem_bytes: x's element size): the backward of fp32 rows of
     2048 or more (the large preset's residual stream) on NVIDIA holds 32 elements per thread,
-    half the warps: it measured about a third less time that way (V3's README, "Run, switch
+    half the warps: it measured about a fifth less time that way (V3's README, "Run, switch
     off, tune"). bf16 rows, 1024-wide fp32 rows and AMD GPUs (not measured) keep 16.
     """
     cols = common.next_power_of_2(n_cols)
