@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number the docs publish, on this machine's GPU (CUDA or ROCm).
 #
-#   bash benchmarks/reproduce.sh                  # every step, about 40 minutes on an H200
+#   bash benchmarks/reproduce.sh                  # every step, about 45 minutes on an H200
 #                                                 # (scaling, on 2+ GPUs only: about 54 more)
 #   bash benchmarks/reproduce.sh compare-medium   # one step (or several, in any order)
 #   bash benchmarks/reproduce.sh --list           # the steps, what each writes, how long it takes
@@ -69,7 +69,7 @@ describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
         compare-medium) echo "~7.5 min  compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (18 runs: each eager row 3 times, 6 compiled); SDPA backends" ;;
-        compare-small)  echo "~4.5 min  compare_small.json: the same on the launch-bound small preset (eager rows 3 times, CUDA/HIP graphs)" ;;
+        compare-small)  echo "~7.5 min  compare_small.json: the same on the launch-bound small preset (every row 3 times, the host paces them all; CUDA/HIP graphs)" ;;
         kernels)        echo "~4.2 min  kernels.json: V3's Triton kernels against PyTorch (benchmarks/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
         analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
         debug)          echo "~0.5 min  debug/: the five performance-debugging stages, broken and fixed" ;;
@@ -256,7 +256,12 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
     local sweep=(); [ $QUICK = 1 ] || sweep=(--sdpa-sweep)
     # Eager rows are paced by the host and move by a fifth from one process to the next: each
     # is the median of EAGER_REPEATS processes (its spread kept, and judged by regress).
-    local eager=${EAGER_REPEATS:-3}; [ $QUICK = 1 ] && eager=$REPEATS
+    local eager=${EAGER_REPEATS:-3} repeats=$REPEATS; [ $QUICK = 1 ] && eager=$REPEATS
+    # On the small preset the host paces every row, graphs included: a step of ~4 ms leaves the
+    # host's share (the graph replay's own checks, the optimizer's launches) in view: V3's graph
+    # row at one commit on one H200 ran 233k tokens/s in one process, 330k and 336k in two others.
+    # Each small row is the median of as many processes as an eager row.
+    [ "$preset" = small ] && [ $QUICK = 0 ] && [ "$eager" -gt "$repeats" ] && repeats=$eager
     if [ "$preset" = large ]; then  # the targets' versions; V1 runs eager, its one mode
         versions=v1,v3,v4,hf; modes=${LARGE_MODES:-reduce-overhead-master}; sweep=(); eager=$REPEATS
         [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
@@ -264,7 +269,7 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
     local resume=(--resume); [ $FORCE = 1 ] && resume=()
     $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
-        --versions $versions --modes $modes --peer-modes $peers --repeats $REPEATS --eager-repeats $eager \
+        --versions $versions --modes $modes --peer-modes $peers --repeats $repeats --eager-repeats $eager \
         --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" "${resume[@]}" --output "$out" \
         2>> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
     finished "$out" || { say "   compare_$preset: incomplete (see $W/compare_$preset.log); run the step again to continue it"; failed=1; }

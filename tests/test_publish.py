@@ -579,3 +579,39 @@ def test_host_paced_eager_rows_show_their_range_and_say_why():
     assert "median of 3 interleaved processes" in text and "host-paced row" in text
     s["compare"]["small"]["eager_repeats"] = 1
     assert "host-paced" not in blocks.render("compare-small", s)
+
+
+def test_a_comparison_with_every_row_repeated_says_so():
+    """On the small preset every row is the median of several processes (reproduce.sh passes
+    --repeats 3 there): the caption covers every row, and the widest range of any row."""
+    def row(mode, low, high):
+        return {"version": "v3", "mode": mode, "runs": 3, "tokens_per_s": (low + high) / 2,
+                "tokens_per_s_min": low, "tokens_per_s_max": high, "x_v1_eager": 2.0, "step_ms": 4.0,
+                "forward_ms": 1.0, "backward_ms": 2.0, "optimizer_ms": 1.0, "mfu_datasheet": 0.04,
+                "mfu_measured_ceiling": 0.06, "peak_memory_mb": 568}
+    s = {"compare": {"small": {"repeats": 3, "eager_repeats": 3,
+                               "rows": [row("eager", 60000, 66000), row("reduce-overhead", 233000, 336000)]}}}
+    text = blocks.render("compare-small", s)
+    assert "Each row is the median of 3 interleaved processes" in text
+    assert "here by up to 1.44x" in text and "one process each" not in text
+
+
+@pytest.mark.parametrize("step, repeats", [("compare-small", "3"), ("compare-medium", "1")])
+def test_the_small_comparison_repeats_every_row(tmp_path, step, repeats):
+    """On a GPU, reproduce runs every row of the small comparison as often as an eager row (the
+    host paces them all there), and the medium comparison's compiled rows once. A stand-in
+    python answers reproduce's GPU probes and records the comparison's command line."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/usr/bin/env bash
+case "$*" in
+    *device_count*) echo 1 ;;
+    *gpu_slug*) echo fakegpu ;;
+    *compare_versions.py*) echo "$*" > {tmp_path}/compare_args ;;
+esac
+""")
+    fake.chmod(0o755)
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": str(fake)}
+    subprocess.run(["bash", "benchmarks/reproduce.sh", step], cwd=REPO, env=env, capture_output=True,
+                   text=True, timeout=60)
+    args = (tmp_path / "compare_args").read_text().split()
+    assert args[args.index("--repeats") + 1] == repeats and args[args.index("--eager-repeats") + 1] == "3"

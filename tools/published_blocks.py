@@ -181,16 +181,20 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
     text = table(["version", "mode", speed_column, "x V1", "step ms", "fwd / bwd / opt ms",
                   "MFU (datasheet)", "MFU (measured ceiling)", "peak MB"], rows)
     eager = c.get("eager_repeats", c["repeats"])
-    if eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes)):
+    every_row = c["repeats"] > 1  # the small preset: the host paces every row, graphs included
+    if every_row or (eager > c["repeats"] and (not modes or any(m == "eager" for _, m in modes))):
         widest = max((r["tokens_per_s_max"] / r["tokens_per_s_min"] for r in c["rows"]
-                      if r["mode"] == "eager" and r.get("tokens_per_s_min")), default=1.0)
+                      if (every_row or r["mode"] == "eager") and r.get("tokens_per_s_min")),
+                     default=1.0)
         here = (f"here by up to {widest:.2f}x" if widest >= 1.05 else
                 f"here by at most {widest:.2f}x: no process's host slowed in this run")
-        text += (f"\n\nEach eager row is the median of {eager} interleaved processes, with the range "
-                 f"they spanned: where the host sets the pace (Python and the launches, not the GPU), "
-                 f"one process can differ from the next ({here}), and a wide range marks such a "
-                 f"host-paced row. `regress` judges each row against its range. The other rows are one "
-                 f"process each.")
+        which = "Each row" if every_row else "Each eager row"
+        text += (f"\n\n{which} is the median of {max(eager, c['repeats'])} interleaved processes, with "
+                 f"the range they spanned: where the host sets the pace (Python and the launches, not "
+                 f"the GPU), one process can differ from the next ({here}), and a wide range marks such "
+                 f"a host-paced row. `regress` judges each row against its range.")
+        if not every_row:
+            text += " The other rows are one process each."
     return text
 
 
