@@ -18,6 +18,7 @@ _EXPORTS = {
     "compare_runs": "compare", "suspicious": "compare",
     "load_ceilings": "ceilings",
     "draw_roofline": "roofline", "training_ops": "ops", "measure_ops": "opbench",
+    "headroom": "headroom",
     "predict_memory": ("memory", "predict"), "predict_for_result": "memory",
     "memory_for_results": "memory", "trace_step": "memory",
     "sweep_grid": ("sweep", "grid"), "run_sweep": "sweep", "plot_sweep": "sweep",

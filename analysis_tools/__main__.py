@@ -3,6 +3,7 @@
   compare   table + plots of result JSONs, loud flags on suspicious numbers
   ceilings  print a ceilings JSON (measured by python -m benchmarks.ceilings) beside the datasheet
   roofline  roofline plot: analytic ops, measured ops, profiler kernels, runs
+  headroom  each run's step time against the sum of its operations' rooflines
   memory    predicted peak memory vs measured (or traced) peak
   sweep     run a version over a grid of batch/seq/precision/checkpointing/compile
   report    self-contained HTML report + Markdown summary of a results folder
@@ -215,6 +216,30 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_headroom(args) -> int:
+    from .compare import load_runs
+    from .headroom import ceilings_for_runs, headroom
+    results, notes = load_runs(args.results)
+    if not results:
+        raise AnalysisError("headroom: no results in " + ", ".join(args.results))
+    ceilings, path = ceilings_for_runs(results, args.ceilings)
+    out = headroom(results, ceilings)
+    measured = ceilings["measured"]
+    print(f"ceilings: {path} ({ceilings['device']['name']}; copy {measured['copy_gbs']:,.0f} GB/s)")
+    for setup, ops in out["ops"].items():
+        print(f"\n{setup}: each operation at its roofline (ms per step)")
+        print(text_table(ops[["op", "count", "GFLOP", "MB", "compute ms", "memory ms", "roofline ms",
+                              "bound"]], {"GFLOP": ",.1f", "MB": ",.0f", "compute ms": ".2f",
+                                          "memory ms": ".2f", "roofline ms": ".2f"}))
+    print("\neach run against the sum (a yardstick: see `analysis_tools/headroom.py`):")
+    print(text_table(out["runs"].drop(columns="setup") if len(out["ops"]) == 1 else out["runs"],
+                     {"step ms": ".2f", "at rooflines ms": ".2f", "of the step %": ".1f",
+                      "above them ms": ".2f"}))
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
 def cmd_regress(args) -> int:
     from .regress import check_regressions, display_table
     tolerances = parse_kv_list(args.tolerance, "--tolerance") if args.tolerance else None
@@ -294,6 +319,12 @@ def build_parser() -> OneLineParser:
     r.add_argument("--out-dir", default=str(out_dir_default()), help=out_help)
     r.add_argument("--name", default="roofline.png", help="plot file name")
     r.set_defaults(func=cmd_roofline)
+
+    hr = sub.add_parser("headroom", help="step time against the sum of the ops' rooflines")
+    hr.add_argument("results", nargs="+", help="results JSON files or folders, or benchmarks/compare_versions.py JSON files")
+    hr.add_argument("--ceilings", help="JSON from python -m benchmarks.ceilings (default: the one "
+                                       "measured on the runs' device under results/analysis)")
+    hr.set_defaults(func=cmd_headroom)
 
     m = sub.add_parser("memory", help="memory model vs measured")
     m.add_argument("results", nargs="*", help="results JSONs to check the model against")

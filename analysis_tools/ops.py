@@ -58,8 +58,12 @@ def _elementwise(name, category, elements, flops_per_element, bytes_per_element,
 
 def training_ops(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16",
                  attention: str = "explicit", fused_qkv: bool = False,
-                 fused_gate_up: bool = False) -> pd.DataFrame:
-    """One row per operation of a training step; FLOPs/bytes per call and per step."""
+                 fused_gate_up: bool = False, residual_in_norm: bool = False) -> pd.DataFrame:
+    """One row per operation of a training step; FLOPs/bytes per call and per step.
+
+    residual_in_norm: each residual add rides in the next norm's kernel (V3's add + RMSNorm):
+    the sum h is written once beside the norm's output, and the backward adds the residual
+    path's gradient as it goes, so the add's own reads and writes disappear."""
     if attention not in ("explicit", "flash"):
         raise ValueError(f"attention must be explicit or flash (got {attention!r})")
     a, n, d, f, L = PRECISIONS[precision].bytes, batch * seq, cfg.hidden_dim, cfg.ffn_dim, cfg.num_layers
@@ -76,14 +80,22 @@ def training_ops(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16"
     rows += [_gemm("down_proj", n, f, d, a, L), _gemm("lm_head", n, d, v, a, 1),
              _attention(cfg, batch, seq, a, attention)]
     # RMSNorm: fp32 residual in, activation out; backward reads x and dy, writes dx.
-    rows.append(_elementwise("rmsnorm", "norm", n * d, 4 + 8, (4 + a) + (4 + a + 4), 2 * L + 1,
-                             f"{n}x{d}"))
+    # Fused with the residual add before it (2L of the 2L + 1 norms; the first has no add):
+    # forward reads x and delta, writes h and y; backward reads dy, the residual path's
+    # gradient and h, writes the summed gradient (fp32) and the branch's copy of it (a).
+    norm_bytes = (4 + a) + (4 + a + 4)
+    if residual_in_norm:
+        rows.append(_elementwise("residual add + rmsnorm", "norm", n * d, 4 + 8 + 2,
+                                 (8 + 2 * a) + (12 + 2 * a), 2 * L, f"{n}x{d}"))
+    rows.append(_elementwise("rmsnorm", "norm", n * d, 4 + 8, norm_bytes,
+                             1 if residual_in_norm else 2 * L + 1, f"{n}x{d}"))
     rows.append(_elementwise("swiglu silu(g)*u", "elementwise", n * f, 6 + 10, 3 * a + 5 * a, L,
                              f"{n}x{f}"))
     rows.append(_elementwise("rope (q and k)", "elementwise", n * (h + hkv) * hd, 3 + 3, 2 * a + 2 * a,
                              L, f"{n}x{(h + hkv) * hd}"))
-    rows.append(_elementwise("residual add", "elementwise", n * d, 1 + 1, (4 + a + 4) + 3 * 4, 2 * L,
-                             f"{n}x{d}"))
+    if not residual_in_norm:
+        rows.append(_elementwise("residual add", "elementwise", n * d, 1 + 1, (4 + a + 4) + 3 * 4,
+                                 2 * L, f"{n}x{d}"))
     rows.append(_elementwise("cross-entropy", "elementwise", n * v, 5 + 3, 3 * a, 1, f"{n}x{v}"))
     p = flops.total_params(cfg)
     rows.append(_elementwise("AdamW update", "optimizer", p, 14, 7 * 4, 1, f"{p:,} params"))

@@ -416,6 +416,54 @@ def readme_table(s: dict) -> str:
     return "\n".join(text)
 
 
+def headroom_block(s: dict) -> str:
+    """V3 and V4 at their best against the sum of the step's rooflines (analysis_tools
+    headroom), medium and large, from the set's comparisons and measured ceilings."""
+    from analysis_tools.headroom import roofline_ops
+    from harness.config import ModelConfig
+    measured = s["ceilings"]["measured"]
+    rows, sums = [], []
+    for preset in ("medium", "large"):
+        c = s["compare"].get(preset)
+        if not c:
+            continue
+        ops = roofline_ops(ModelConfig(**c["config"]), c["batch_size"], c["seq_len"], c["precision"],
+                           measured["matmul_tflops"][c["precision"]], measured["copy_gbs"])
+        at_roofs = ops["roofline ms"].sum()
+        for version in ("v3", "v4"):
+            r = best(s, preset, version)
+            if r:
+                rows.append([preset, f"{VERSION_NAMES[version]}, {MODE_NAMES.get(r['mode'], r['mode'])}",
+                             num(r["step_ms"], ".2f"), num(at_roofs, ".2f"), pct(at_roofs / r["step_ms"]),
+                             num(r["step_ms"] - at_roofs, ".2f")])
+        part = ops.groupby(ops["category"].where(ops["category"].isin(["gemm", "attention"]),
+                                                 "memory"))["roofline ms"].sum()
+        line = (f"- {preset}: {num(at_roofs, '.2f')} ms = GEMMs {num(part['gemm'], '.2f')} + attention "
+                f"{num(part['attention'], '.2f')} + memory-bound kernels {num(part['memory'], '.2f')}.")
+        cfg = c["config"]  # V3's attention at this shape in the kernel table, if it is there
+        shape = (f"b{c['batch_size']} h{cfg['num_heads']}" + (f" kv{cfg['num_kv_heads']}" if cfg["num_kv_heads"]
+                 != cfg["num_heads"] else "") + f" s{c['seq_len']} d{cfg['hidden_dim'] // cfg['num_heads']}")
+        kernel = next((k for k in (s.get("kernels") or {}).get("attention", [])
+                       if k["shape"] == shape and k["impl"] == "triton" and k.get("fwd_bwd_graph_ms")), None)
+        if kernel:
+            step_ms = kernel["fwd_bwd_graph_ms"] * cfg["num_layers"]
+            line += (f" V3's attention at {shape} (the kernel table, forward + backward replayed from a "
+                     f"graph) takes {num(step_ms, '.2f')} ms a step: {num(step_ms - part['attention'], '.2f')} "
+                     f"ms above its roofline.")
+        sums.append(line)
+        precision = c["precision"]
+    if not rows:
+        return PLACEHOLDER
+    return "\n".join([
+        table(["preset", "version, mode", "step ms", "at the rooflines, ms", "rooflines / step",
+               "ms above them"], rows), "",
+        f"The sums, GEMMs and attention at the measured matmul ceiling "
+        f"({num(measured['matmul_tflops'][precision], ',.0f')} TFLOP/s in {precision}), the rest at the "
+        f"measured copy bandwidth ({num(measured['copy_gbs'], ',.0f')} GB/s):", "", *sums, "",
+        "Command: `python -m analysis_tools headroom docs/published/<gpu>/compare_medium.json "
+        "docs/published/<gpu>/compare_large.json --ceilings docs/published/<gpu>/ceilings.json`."])
+
+
 BLOCKS = {
     "readme-table": readme_table,
     "v1-summary": v1_summary,
@@ -429,6 +477,7 @@ BLOCKS = {
     "attention-memory": lambda s: row_table(s, block_rows(s, "attention-memory"), cols=("tok/s", "step ms", "peak MB")),
     "memory-check": memory_check_block,
     "v3-memory-switches": memory_switches_block,
+    "headroom": headroom_block,
     "host-probe": host_probe_block,
     "levers": lambda s: row_table(s, block_rows(s, "levers"), cols=("tok/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak MB")),
     "fusion-ablations": lambda s: row_table(s, block_rows(s, "fusion-ablations")),

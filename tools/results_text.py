@@ -119,6 +119,18 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "its best and the memory model's prediction (`bash benchmarks/reproduce.sh switches`):", "",
             block("v3-memory-switches"), ""]
 
+    out += ["## How far each step is from its rooflines", "",
+            "No operation takes less than the longer of its FLOPs at the measured matmul ceiling and "
+            "its minimum bytes at the measured copy bandwidth. Summed over the leanest list of "
+            "operations this project runs (V3's: flash attention, the QKV and gate/up projections as "
+            "one GEMM each, each residual add inside the next norm), that is the step at its "
+            f"rooflines (`python -m analysis_tools headroom`, [ANALYSIS.md]({docs}ANALYSIS.md#headroom)). "
+            "What a step spends above the sum is all that faster kernels can win, and the sum is "
+            "optimistic: attention counts at the matmul ceiling, which no attention kernel reaches "
+            "(its softmax runs beside the products), while a model's own GEMMs can run a little "
+            "above the probe's.", "",
+            block("headroom"), ""]
+
     out += ["## Where the compiled step's time goes", "",
             "V4 medium, compiled (without graphs, so the profiler can attribute each kernel), "
             "PyTorch profiler over three steps after warm-up:", "", block("v4-profile"), "",
