@@ -65,19 +65,26 @@ def ceilings_for_runs(results: list[dict], path=None) -> tuple[dict, Path]:
 def headroom(results: list[dict], ceilings: dict) -> dict:
     """{'runs': one row per run, 'ops': {setup: the operation table}}."""
     measured = ceilings["measured"]
-    runs, setups = [], {}
+    runs, setups, names = [], {}, {}  # names: (model, batch, seq, precision) -> its setup's name
     for label, r in zip(unique_labels(results), results):
         run = r["run"]
         precision = run["precision"]
         matmul = measured["matmul_tflops"].get(precision)
         if not matmul:
             raise AnalysisError(f"headroom: the ceilings have no {precision} matmul rate ({label})")
-        setup = f"{run.get('preset') or 'custom'} b{run['batch_size']} x T{run['seq_len']} {precision}"
-        if setup not in setups:
-            setups[setup] = roofline_ops(model_config(r), run["batch_size"], run["seq_len"], precision,
-                                         matmul, measured["copy_gbs"])
-        floor = setups[setup]["roofline ms"].sum()
         step = numbers(r)["step_ms"]
+        if step is None:  # a failed run has no step to set beside the sum
+            continue
+        key = (tuple(sorted(r["config"].items())), run["batch_size"], run["seq_len"], precision)
+        if key not in names:
+            name = f"{run.get('preset') or 'custom'} b{run['batch_size']} x T{run['seq_len']} {precision}"
+            names[key] = name if name not in setups else f"{name} ({len(setups) + 1})"
+            setups[names[key]] = roofline_ops(model_config(r), run["batch_size"], run["seq_len"],
+                                              precision, matmul, measured["copy_gbs"])
+        setup = names[key]
+        floor = setups[setup]["roofline ms"].sum()
         runs.append({"run": label, "setup": setup, "step ms": step, "at rooflines ms": floor,
                      "of the step %": floor / step * 100, "above them ms": step - floor})
+    if not runs:
+        raise AnalysisError("headroom: no run with a step time (every run given failed)")
     return {"runs": pd.DataFrame(runs), "ops": setups}

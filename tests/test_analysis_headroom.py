@@ -48,6 +48,9 @@ def test_headroom_of_the_published_large_comparison():
     for _, row in runs.iterrows():  # every published run takes longer than the sum
         assert 0 < row["of the step %"] < 100
         assert row["above them ms"] == pytest.approx(row["step ms"] - row["at rooflines ms"])
+    failed = [{**r, "timing_ms": {"step": {"median": None}}} for r in results]  # no step time
+    with pytest.raises(AnalysisError, match="no run with a step time"):
+        headroom(failed, load_ceilings(PUBLISHED / "ceilings.json"))
 
 
 def test_headroom_command_and_its_refusals(tmp_path, monkeypatch):
