@@ -62,6 +62,7 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
 from harness.probes import measure_copy_gbs  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
+from harness.flops import attention_shape  # noqa: E402
 from harness.measure import Timer  # noqa: E402
 from harness.results import git_commit, now, write_json  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
@@ -229,7 +230,7 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
                for heads in (h, kv, kv))
     do = torch.randn(b, h, n, d, device=device, dtype=dtype, generator=g)
     flops = attention_flops(b, h, n, d)
-    label = f"b{b} h{h}" + (f" kv{kv}" if kv != h else "") + f" s{n} d{d}"
+    label = attention_shape(b, h, kv, n, d)
     cos, sin = full_width_rope_tables(d, n, device)
 
     def rope_first(q, k, v):  # a RoPE kernel pass over q and k, then attention

@@ -55,6 +55,12 @@ def attention_kernel_flops(cfg: ModelConfig, batch_size: int, seq_len: int,
     return {"forward": fwd, "backward": int(2.5 * fwd), "causal": causal}
 
 
+def attention_shape(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int) -> str:
+    """An attention shape's name in the kernel table (benchmarks/bench_kernels.py) and the docs
+    that quote its rows: 'b8 h16 kv8 s2048 d128' ('kv' only where it differs from 'h')."""
+    return f"b{batch} h{heads}" + (f" kv{kv_heads}" if kv_heads != heads else "") + f" s{seq} d{head_dim}"
+
+
 # Dense (no sparsity) datasheet peaks in TFLOP/s, per device as PyTorch sees it
 # (an MI250X is two devices - one per GCD - so its figures are per GCD).
 # Keys: fp32 = vector FP32, tf32 = FP32 through matrix units (xf32 / TF32),

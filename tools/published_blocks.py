@@ -421,13 +421,15 @@ def headroom_block(s: dict) -> str:
     headroom), medium and large, from the set's comparisons and measured ceilings."""
     from analysis_tools.headroom import roofline_ops
     from harness.config import ModelConfig
+    from harness.flops import attention_shape
     measured = s["ceilings"]["measured"]
     rows, sums = [], []
     for preset in ("medium", "large"):
         c = s["compare"].get(preset)
         if not c:
             continue
-        ops = roofline_ops(ModelConfig(**c["config"]), c["batch_size"], c["seq_len"], c["precision"],
+        cfg = ModelConfig(**c["config"])
+        ops = roofline_ops(cfg, c["batch_size"], c["seq_len"], c["precision"],
                            measured["matmul_tflops"][c["precision"]], measured["copy_gbs"])
         at_roofs = ops["roofline ms"].sum()
         for version in ("v3", "v4"):
@@ -440,13 +442,12 @@ def headroom_block(s: dict) -> str:
                                                  "memory"))["roofline ms"].sum()
         line = (f"- {preset}: {num(at_roofs, '.2f')} ms = GEMMs {num(part['gemm'], '.2f')} + attention "
                 f"{num(part['attention'], '.2f')} + memory-bound kernels {num(part['memory'], '.2f')}.")
-        cfg = c["config"]  # V3's attention at this shape in the kernel table, if it is there
-        shape = (f"b{c['batch_size']} h{cfg['num_heads']}" + (f" kv{cfg['num_kv_heads']}" if cfg["num_kv_heads"]
-                 != cfg["num_heads"] else "") + f" s{c['seq_len']} d{cfg['hidden_dim'] // cfg['num_heads']}")
+        # V3's attention at this shape in the kernel table, if it is there
+        shape = attention_shape(c["batch_size"], cfg.num_heads, cfg.num_kv_heads, c["seq_len"], cfg.head_dim)
         kernel = next((k for k in (s.get("kernels") or {}).get("attention", [])
                        if k["shape"] == shape and k["impl"] == "triton" and k.get("fwd_bwd_graph_ms")), None)
         if kernel:
-            step_ms = kernel["fwd_bwd_graph_ms"] * cfg["num_layers"]
+            step_ms = kernel["fwd_bwd_graph_ms"] * cfg.num_layers
             line += (f" V3's attention at {shape} (the kernel table, forward + backward replayed from a "
                      f"graph) takes {num(step_ms, '.2f')} ms a step: {num(step_ms - part['attention'], '.2f')} "
                      f"ms above its roofline.")
