@@ -275,7 +275,8 @@ def test_weight_gradient_sums_every_program_row_in_ragged_groups(monkeypatch, pr
     """The last program of each group (groups of ~sqrt(programs), the last one short) sums
     its group, the last of those sums the groups (row_sums.py): dw counts every row once,
     and the counters are left at 0 for the next launch."""
-    monkeypatch.setattr(rmsnorm, "_programs", lambda device, n_rows: min(n_rows, programs))
+    monkeypatch.setattr(rmsnorm, "_programs",
+                        lambda device, n_rows, n_cols: (programs, -(-n_rows // programs)))
     x, _, w, _, grad = inputs((23, 48), seed=3)
     partial, tickets = kept = row_sums.scratch(x, programs, 48)  # one set for every launch
     assert tickets.numel() == -(-programs // row_sums.group_size(programs)) + 1
@@ -285,6 +286,20 @@ def test_weight_gradient_sums_every_program_row_in_ragged_groups(monkeypatch, pr
         assert tickets.eq(0).all()
         assert_matches(got, forward_backward(rms_norm_reference, [x, w], grad, torch.float64),
                        2e-5, ["y", "dx", "dweight"])
+
+
+@pytest.mark.parametrize("n_rows, wave, tile, want", [
+    (1024, 528, 4, (256, 4)),   # the small preset: 2 rows a program would fill half a tile
+    (8192, 528, 2, (512, 16)),  # the medium preset: 16 rows, already whole tiles
+    (8192, 528, 1, (512, 16)),
+    (1001, 528, 4, (251, 4)),   # the last chunk short
+    (3, 528, 4, (1, 4)),        # fewer rows than one tile
+])
+def test_backward_chunks_are_whole_tiles_covering_every_row_once(n_rows, wave, tile, want):
+    programs, rows_each = rmsnorm._chunks(n_rows, wave, tile)
+    assert (programs, rows_each) == want
+    assert rows_each % tile == 0 and programs <= wave
+    assert (programs - 1) * rows_each < n_rows <= programs * rows_each
 
 
 @pytest.mark.gpu
