@@ -151,6 +151,8 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
                              "- left out")
                 continue
             result = row_as_result(row, report)
+            if (report.get("ceiling") or {}).get("matmul_tflops"):  # probed beside these runs
+                result["_matmul_tflops"] = report["ceiling"]["matmul_tflops"]
         except KeyError as e:
             raise AnalysisError(f"{path}: row {i} has no {e.args[0]!r} - not a compare_versions row") from None
         except SchemaError as e:

@@ -8,6 +8,10 @@ GEMM each, each residual add inside the next norm's kernel, one SwiGLU kernel ea
 AdamW pass. A run's step time against that sum says how much is left to win by making
 kernels faster, and the per-operation table says where it could come from.
 
+The GEMMs' rate is the matmul ceiling the runs' own comparison probed beside them
+(compare_versions records it), else the ceilings file's: a GPU runs a few percent faster or
+slower from one machine or hour to the next, and a step compares with a ceiling of its run.
+
 A yardstick, not a wall:
 - the matmul ceiling is the best of a few GEMM shapes (benchmarks.ceilings); a model's own
   GEMMs can run a little above it, so a step can beat its GEMM rows;
@@ -69,15 +73,16 @@ def headroom(results: list[dict], ceilings: dict) -> dict:
     for label, r in zip(unique_labels(results), results):
         run = r["run"]
         precision = run["precision"]
-        matmul = measured["matmul_tflops"].get(precision)
+        matmul = r.get("_matmul_tflops") or measured["matmul_tflops"].get(precision)
         if not matmul:
             raise AnalysisError(f"headroom: the ceilings have no {precision} matmul rate ({label})")
         step = numbers(r)["step_ms"]
         if step is None:  # a failed run has no step to set beside the sum
             continue
-        key = (tuple(sorted(r["config"].items())), run["batch_size"], run["seq_len"], precision)
+        key = (tuple(sorted(r["config"].items())), run["batch_size"], run["seq_len"], precision, matmul)
         if key not in names:
-            name = f"{run.get('preset') or 'custom'} b{run['batch_size']} x T{run['seq_len']} {precision}"
+            name = (f"{run.get('preset') or 'custom'} b{run['batch_size']} x T{run['seq_len']} {precision}, "
+                    f"matmul {matmul:,.0f} TFLOP/s")
             names[key] = name if name not in setups else f"{name} ({len(setups) + 1})"
             setups[names[key]] = roofline_ops(model_config(r), run["batch_size"], run["seq_len"],
                                               precision, matmul, measured["copy_gbs"])

@@ -48,6 +48,16 @@ def test_headroom_of_the_published_large_comparison():
     for _, row in runs.iterrows():  # every published run takes longer than the sum
         assert 0 < row["of the step %"] < 100
         assert row["above them ms"] == pytest.approx(row["step ms"] - row["at rooflines ms"])
+    # the GEMMs run at the matmul ceiling the comparison probed beside its runs; a run
+    # without one (a results JSON of its own) at the ceilings file's
+    probed = json.loads((PUBLISHED / "compare_large.json").read_text())["ceiling"]["matmul_tflops"]
+    gemm = by_op.loc["qkv_proj"]
+    assert gemm["compute ms"] == pytest.approx(gemm["flops"] / (probed * 1e12) * 1e3)
+    assert f"matmul {probed:,.0f} TFLOP/s" in next(iter(out["ops"]))
+    ceilings = load_ceilings(PUBLISHED / "ceilings.json")
+    alone = [{k: v for k, v in r.items() if k != "_matmul_tflops"} for r in results]
+    filed = ceilings["measured"]["matmul_tflops"]["bf16"]
+    assert f"matmul {filed:,.0f} TFLOP/s" in next(iter(headroom(alone, ceilings)["ops"]))
     failed = [{**r, "timing_ms": {"step": {"median": None}}} for r in results]  # no step time
     with pytest.raises(AnalysisError, match="no run with a step time"):
         headroom(failed, load_ceilings(PUBLISHED / "ceilings.json"))
@@ -79,6 +89,6 @@ def test_the_published_block_sets_each_best_step_beside_the_sum():
     step, at_roofs, share, above = (cell.strip() for cell in v3.split("|")[3:7])
     assert float(step) == pytest.approx(float(at_roofs) + float(above), abs=0.011)
     assert float(share.rstrip("%")) == pytest.approx(float(at_roofs) / float(step) * 100, abs=0.06)
-    assert "- large: " in text and "ms above its roofline" in text  # the kernel table's attention
+    assert "- large (matmul " in text and "ms above its roofline" in text  # the kernel table's attention
     del summary["ceilings"]
     assert blocks.render("headroom", summary).startswith(blocks.PLACEHOLDER)

@@ -307,16 +307,19 @@ def debug_block(s: dict) -> str:
 
 
 def memory_switches_block(s: dict) -> str:
-    """V3 at the large preset with each memory switch: speed and peak beside V4 at its best
-    (the large comparison) and the memory model's prediction for the same run."""
+    """V3 at the large preset with each memory switch: speed against the step's own default
+    run (rows of one run compare; V4's best comes from another), peak memory against V4 at its
+    best (the large comparison: bytes do not move from run to run) and the memory model's
+    prediction for the same run."""
     v4 = speed(s, "large", "v4", "reduce-overhead-master")
+    default = s["rows"].get("switches/v3_large_best") or {}
     predicted = {m.get("file"): m for m in s.get("memory_switches") or []}
-    header = ["run", "tok/s", "x V4 best", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
+    header = ["run", "tok/s", "x default", "step ms", "peak MB", "x V4 peak", "predicted MiB (model)",
               "model error"]
     out = []
     for label, key, r in _measured_rows(s, "v3-memory-switches", out, header):
         m = predicted.get(key.split("/", 1)[1], {})
-        out.append([label, num(r["tokens_per_s"]), ratio(r, v4), num(r.get("step_ms"), ".2f"),
+        out.append([label, num(r["tokens_per_s"]), ratio(r, default), num(r.get("step_ms"), ".2f"),
                     num(r.get("peak_mb")),
                     num(r["peak_mb"] / v4["peak_memory_mb"], ".3f") + "x"
                     if r.get("peak_mb") and v4.get("peak_memory_mb") else "-",
@@ -418,7 +421,8 @@ def readme_table(s: dict) -> str:
 
 def headroom_block(s: dict) -> str:
     """V3 and V4 at their best against the sum of the step's rooflines (analysis_tools
-    headroom), medium and large, from the set's comparisons and measured ceilings."""
+    headroom), medium and large, from the set's comparisons (each with the matmul ceiling it
+    probed beside its runs) and the set's copy bandwidth."""
     from analysis_tools.headroom import roofline_ops
     from harness.config import ModelConfig
     from harness.flops import attention_shape
@@ -429,8 +433,8 @@ def headroom_block(s: dict) -> str:
         if not c:
             continue
         cfg = ModelConfig(**c["config"])
-        ops = roofline_ops(cfg, c["batch_size"], c["seq_len"], c["precision"],
-                           measured["matmul_tflops"][c["precision"]], measured["copy_gbs"])
+        matmul = c.get("ceiling_tflops") or measured["matmul_tflops"][c["precision"]]
+        ops = roofline_ops(cfg, c["batch_size"], c["seq_len"], c["precision"], matmul, measured["copy_gbs"])
         at_roofs = ops["roofline ms"].sum()
         for version in ("v3", "v4"):
             r = best(s, preset, version)
@@ -440,8 +444,9 @@ def headroom_block(s: dict) -> str:
                              num(r["step_ms"] - at_roofs, ".2f")])
         part = ops.groupby(ops["category"].where(ops["category"].isin(["gemm", "attention"]),
                                                  "memory"))["roofline ms"].sum()
-        line = (f"- {preset}: {num(at_roofs, '.2f')} ms = GEMMs {num(part['gemm'], '.2f')} + attention "
-                f"{num(part['attention'], '.2f')} + memory-bound kernels {num(part['memory'], '.2f')}.")
+        line = (f"- {preset} (matmul {num(matmul, ',.0f')} TFLOP/s): {num(at_roofs, '.2f')} ms = GEMMs "
+                f"{num(part['gemm'], '.2f')} + attention {num(part['attention'], '.2f')} + memory-bound "
+                f"kernels {num(part['memory'], '.2f')}.")
         # V3's attention at this shape in the kernel table, if it is there
         shape = attention_shape(c["batch_size"], cfg.num_heads, cfg.num_kv_heads, c["seq_len"], cfg.head_dim)
         kernel = next((k for k in (s.get("kernels") or {}).get("attention", [])
@@ -458,9 +463,9 @@ def headroom_block(s: dict) -> str:
     return "\n".join([
         table(["preset", "version, mode", "step ms", "at the rooflines, ms", "rooflines / step",
                "ms above them"], rows), "",
-        f"The sums, GEMMs and attention at the measured matmul ceiling "
-        f"({num(measured['matmul_tflops'][precision], ',.0f')} TFLOP/s in {precision}), the rest at the "
-        f"measured copy bandwidth ({num(measured['copy_gbs'], ',.0f')} GB/s):", "", *sums, "",
+        f"The sums: GEMMs and attention at the matmul ceiling each comparison probed beside its runs "
+        f"({precision}), the rest at the measured copy bandwidth ({num(measured['copy_gbs'], ',.0f')} GB/s):",
+        "", *sums, "",
         "Command: `python -m analysis_tools headroom docs/published/<gpu>/compare_medium.json "
         "docs/published/<gpu>/compare_large.json --ceilings docs/published/<gpu>/ceilings.json`."])
 

@@ -115,8 +115,9 @@ def page(s: dict | None, image_dir: str, render) -> str:
             "memory-bound work buy less here than at the medium size; attention's kernels and the "
             "output layer are where the time and the memory are.", "",
             "V3's memory switches at this size (the fused loss, on by default at a 32k vocabulary, "
-            "switched off; each recomputation on its own and all three together), against V4 at "
-            "its best and the memory model's prediction (`bash benchmarks/reproduce.sh switches`):", "",
+            "switched off; each recomputation on its own and all three together): each run's speed "
+            "against the default run of the same step, its peak memory against V4 at its best and "
+            "against the memory model's prediction (`bash benchmarks/reproduce.sh switches`):", "",
             block("v3-memory-switches"), ""]
 
     out += ["## How far each step is from its rooflines", "",
