@@ -15,7 +15,7 @@ Conventions (all stated in docs/ANALYSIS.md):
   11 times (forward: write S, read S, write P, read P; backward: read P, write
   dP, read P and dP, write dS, read dS twice).
 - Flash attention uses the FlashAttention papers' convention (the harness's
-  `attention_kernel_flops`): causal halves the work, backward is 2.5x forward;
+  `attention_flops`): causal halves the work, backward is 2.5x forward;
   it moves only q, k, v, the output and their gradients.
 - Elementwise FLOP counts are approximate (silu ~ 4 FLOPs per element, ...):
   what matters on a roofline is that they are a few FLOPs per byte.
@@ -43,8 +43,7 @@ def _attention(cfg: ModelConfig, batch: int, seq: int, a: int, kind: str):
         return {"op": "attention (explicit T x T)", "category": "attention", "count": cfg.num_layers,
                 "shape": shape, "flops_per_call": 12 * b * h * t * t * hd,
                 "bytes_per_call": linear + 11 * a * b * h * t * t}
-    one_layer = cfg.replace(num_layers=1)
-    f = flops.attention_kernel_flops(one_layer, batch, seq, causal=True)
+    f = flops.attention_flops(batch, cfg.num_heads, seq, cfg.head_dim, causal=True)
     return {"op": "attention (flash, causal)", "category": "attention", "count": cfg.num_layers,
             "shape": shape, "flops_per_call": f["forward"] + f["backward"],
             "bytes_per_call": linear + 2 * 4 * b * h * t}  # + log-sum-exp written and read

@@ -62,7 +62,7 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import device as devices  # noqa: E402
 from harness.probes import measure_copy_gbs  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
-from harness.flops import attention_shape  # noqa: E402
+from harness.flops import attention_flops, attention_shape  # noqa: E402
 from harness.measure import Timer  # noqa: E402
 from harness.results import git_commit, now, write_json  # noqa: E402
 from version1_baseline.tiny_llama_v1 import RMSNorm as V1RMSNorm  # noqa: E402
@@ -196,11 +196,6 @@ def bench_swiglu(tk, timer, rows, cols, dtype, device, copy_gbs) -> list[dict]:
 
 
 # ---- attention -----------------------------------------------------------------------
-def attention_flops(batch, heads, seq, head_dim) -> dict:
-    forward = 4 * batch * heads * seq * seq * head_dim // 2  # causal: half the score matrix
-    return {"fwd": forward, "bwd": 2.5 * forward, "fwd_bwd": 3.5 * forward}
-
-
 def sdpa(q, k, v):
     if k.shape[1] != q.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -229,7 +224,9 @@ def bench_attention(tk, timer, shape, dtype, device) -> list[dict]:
     q, k, v = (torch.randn(b, heads, n, d, device=device, dtype=dtype, generator=g).requires_grad_()
                for heads in (h, kv, kv))
     do = torch.randn(b, h, n, d, device=device, dtype=dtype, generator=g)
-    flops = attention_flops(b, h, n, d)
+    call = attention_flops(b, h, n, d)
+    flops = {"fwd": call["forward"], "bwd": call["backward"],
+             "fwd_bwd": call["forward"] + call["backward"]}
     label = attention_shape(b, h, kv, n, d)
     cos, sin = full_width_rope_tables(d, n, device)
 

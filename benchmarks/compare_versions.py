@@ -312,7 +312,7 @@ def sdpa_sweep(config, batch: int, seq_len: int, device, dtype, calls: int = 20)
     host's launch latency to every call: a 0.2 ms kernel would read 0.5 ms.
     """
     import torch
-    from harness.flops import attention_kernel_flops
+    from harness.flops import attention_flops
     from harness.measure import graph_ms, median_ms
     from version4_sdpa.tiny_llama_v4 import BACKENDS, causal_sdpa
 
@@ -322,7 +322,7 @@ def sdpa_sweep(config, batch: int, seq_len: int, device, dtype, calls: int = 20)
 
     q, k, v = tensor(config.num_heads), tensor(config.num_kv_heads), tensor(config.num_kv_heads)
     grad_out = torch.randn_like(q)
-    flop = attention_kernel_flops(config.replace(num_layers=1), batch, seq_len)
+    flop = attention_flops(batch, config.num_heads, seq_len, config.head_dim)
     rows = []
     for backend in ("auto", *BACKENDS):
         def fwd_bwd(backend=backend):

@@ -47,12 +47,22 @@ def step_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
     return model_flops_per_token(cfg, seq_len) * batch_size * seq_len
 
 
-def attention_kernel_flops(cfg: ModelConfig, batch_size: int, seq_len: int,
-                           causal: bool = True) -> dict:
-    fwd = 4 * batch_size * cfg.num_heads * seq_len * seq_len * cfg.head_dim * cfg.num_layers
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) -> dict:
+    """One attention call's FLOPs: QK^T and PV, 2 * seq * seq * head_dim multiply-adds per
+    head, half of them under a causal mask; the backward 2.5x (dV, dP, dS -> dQ and dK: five
+    products to the forward's two)."""
+    fwd = 4 * batch * heads * seq * seq * head_dim
     if causal:
         fwd //= 2
     return {"forward": fwd, "backward": int(2.5 * fwd), "causal": causal}
+
+
+def attention_kernel_flops(cfg: ModelConfig, batch_size: int, seq_len: int,
+                           causal: bool = True) -> dict:
+    """attention_flops over a step's layers."""
+    one = attention_flops(batch_size, cfg.num_heads, seq_len, cfg.head_dim, causal)
+    return {"forward": one["forward"] * cfg.num_layers,
+            "backward": one["backward"] * cfg.num_layers, "causal": causal}
 
 
 def attention_shape(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int) -> str:

@@ -84,6 +84,10 @@ def test_attention_kernel_convention():
     assert full["forward"] == 4 * 2 * 4 * 8 * 8 * 16
     assert causal["forward"] * 2 == full["forward"]
     assert causal["backward"] == int(2.5 * causal["forward"])
+    # one call (the kernel table's rows) and a step's layers count alike
+    assert flops.attention_flops(2, 4, 8, 16) == causal
+    three = flops.attention_kernel_flops(cfg.replace(num_layers=3), 2, 8)
+    assert (three["forward"], three["backward"]) == (3 * causal["forward"], 3 * causal["backward"])
 
 
 def test_peak_lookup():
