@@ -28,7 +28,11 @@ against a measured matmul ceiling, probed before and after the runs: a target
 on the ceiling is judged only when the two probes agree within 3%) and writes
 one JSON, rewritten atomically after every run with "complete": false (so an
 interrupted comparison still leaves its results) and with "complete": true by
-the last write. `--resume` continues an incomplete one of the same settings:
+the last write. Each run times a fixed piece of Python before and after its steps
+(harness.measure.host_pace_us): a process whose host ran more than SLOW_HOST times slower
+than the comparison's median is named under the table, since a row the host paces (eager,
+the small preset) is slower with its host, not with its code.
+`--resume` continues an incomplete one of the same settings:
 the runs already in it are kept, only the missing ones run. Each of its rows
 keeps the run's complete results dict under "result", so
 `python -m analysis_tools compare results/compare_medium.json` draws the plots.
@@ -60,6 +64,7 @@ WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room fo
 # The workshop's speed targets (NVIDIA H100/H200, bf16): (preset, claim, measure, threshold).
 # A target on the measured ceiling is judged only when the ceiling probes before and
 # after the runs agree within harness.probes.STABLE_PERCENT; the datasheet MFU is shown beside it.
+SLOW_HOST = 1.25  # a process whose Python ran this much slower than the comparison's median
 CEILING_TARGET = "V4 best >= 55% MFU of the measured matmul ceiling"
 TARGETS = [
     ("medium", "V2 best >= 1.3x V1", lambda s: s.ratio(s.best("v2"), s.speed("v1", "eager")), 1.3),
@@ -499,10 +504,24 @@ def compare(args) -> dict:
         run_results.write_json(output, report, indent=1)  # still incomplete: the sweep is to come
         dtype = PRECISIONS[precision].dtype
         report["sdpa_sweep"] = sdpa_sweep(p.model, p.batch_size, p.seq_len, device, dtype)
+    report["slow_hosts"] = slow_hosts(report["runs"])
     report["complete"] = True
     run_results.write_json(output, report, indent=1)
     print_report(report, output)
     return report
+
+
+def slow_hosts(runs: list[dict]) -> list[dict]:
+    """The processes whose host ran slow: each run's pace (the faster of its probes before
+    and after the steps, so a moment's contention does not count) over the median pace of
+    all the comparison's runs, where above SLOW_HOST. None among fewer than 3 runs."""
+    paces = {(row["version"], row["mode"], row["repeat"]): min(pace["before_us"], pace["after_us"])
+             for row in runs if (pace := (row.get("result") or {}).get("host_pace"))}
+    if len(paces) < 3:
+        return []
+    median = statistics.median(paces.values())
+    return [{"version": version, "mode": mode, "repeat": repeat, "pace_x": us / median}
+            for (version, mode, repeat), us in paces.items() if us > SLOW_HOST * median]
 
 
 def print_report(report: dict, output: Path) -> None:
@@ -514,6 +533,10 @@ def print_report(report: dict, output: Path) -> None:
           + (f" (probes {report['ceiling']['spread_percent']:.1f}% apart)"
              if report["ceiling"].get("spread_percent") is not None else ""))
     print(format_table(report["summary"]))
+    for s in report.get("slow_hosts", []):
+        print(f"host slow: {s['version']} {s['mode']} repeat {s['repeat'] + 1} ran its Python "
+              f"{s['pace_x']:.2f}x slower than the comparison's median (harness.measure.host_pace_us): "
+              f"where the host sets the pace, that run is slower with its host, not its code")
     for row in report.get("sdpa_sweep", []):
         timing = (f"{row['fwd_bwd_ms']:.3f} ms fwd+bwd, {row['tflops_causal']:.3g} TFLOP/s (causal; "
                   f"{row.get('timing', 'one call per sync: host latency included')})"

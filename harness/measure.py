@@ -137,6 +137,33 @@ def host_ms(fn, calls: int = 20, repeats: int = 1, warmup: int = 1) -> float:
     return statistics.median(samples)
 
 
+HOST_PACE_ITEMS = 20_000  # one round: ~1-3 ms of Python on a current server core
+
+
+def _host_work(items: int) -> int:
+    """Dictionary stores and tuple builds: the kind of Python an eager step runs per launch."""
+    seen = {}
+    for i in range(items):
+        seen[i & 255] = (i, i & 7)
+    return len(seen)
+
+
+def host_pace_us(rounds: int = 5, items: int = HOST_PACE_ITEMS) -> float:
+    """Median microseconds of `rounds` rounds of the same Python work on this thread.
+
+    A run whose pace the host sets (eager V3, the small preset) moves with this number:
+    the same code can run half as fast when its process lands on a slower or busier core.
+    Measured before and after a run's steps (the trainer does), it tells such a process
+    from a slower commit. Compare it between processes of one machine only."""
+    _host_work(items)  # the first round pays for allocation
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        _host_work(items)
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
 class HostProbe:
     """--host-probe N: is a training step paced by the host or by the GPU?
 

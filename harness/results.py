@@ -23,6 +23,8 @@ Schema (version 1) - every run writes all top-level keys:
                    over NOISY_SPREAD (optional)
   host_probe       {steps, hold_ms, host_ms, gpu_ms, host_waited}: --host-probe's reading
                    (harness/measure.py HostProbe; optional, GPU runs only)
+  host_pace        {before_us, after_us, items}: microseconds of a fixed piece of Python
+                   before and after the steps (harness/measure.py host_pace_us; optional)
 
 This module builds the record (build), writes it (write_atomic, write_json), reads it
 (load, validate) and reads its numbers (numbers: tokens/s, step and phase ms, MFU, peak

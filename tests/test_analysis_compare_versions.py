@@ -3,6 +3,7 @@ synthetic files (old rows with medians only, new rows with the whole result), th
 real NVIDIA H200 comparison (tests/fixtures/h200), one real tiny CPU comparison, bad files."""
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,6 +130,27 @@ def test_compare_versions_stores_whole_results(tmp_path, capsys):
     assert script.main(["--report", str(out)]) == 0  # the old keys still make the saved table
     result = compare_runs([out], plots=False)["results"][0]
     assert len(result["losses"]) == 3 and "passed_by_exit_code" not in result["gradient_guard"]
+
+
+def test_a_process_whose_host_ran_slow_is_named_under_the_table(capsys):
+    """Each run's pace is the faster of its two probes (a moment's contention does not
+    count); a run above SLOW_HOST x the comparison's median is named, with the reason."""
+    script = importlib.import_module("benchmarks.compare_versions")
+    paces = {("v1", "eager", 0): (2000, 2100), ("v3", "eager", 0): (4100, 4000),
+             ("v3", "eager", 1): (2050, 9000), ("v4", "eager", 0): (1900, 1950),
+             ("v4", "compile", 0): (2200, 2000)}
+    runs = [{"version": v, "mode": m, "repeat": rep,
+             "result": {"host_pace": {"before_us": before, "after_us": after, "items": 20_000}}}
+            for (v, m, rep), (before, after) in paces.items()]
+    runs.append({"version": "v2", "mode": "eager", "repeat": 0, "exit_code": 1, "error": "x"})  # failed
+    slow = script.slow_hosts(runs)
+    assert [(s["version"], s["mode"], s["repeat"]) for s in slow] == [("v3", "eager", 0)]
+    assert slow[0]["pace_x"] == pytest.approx(4000 / 2000)  # over the median of the five paces
+    assert script.slow_hosts(runs[:2]) == []  # too few runs to have a median worth the name
+    report = json.loads(H200_MEDIUM.read_text())
+    script.print_report({**report, "slow_hosts": slow}, Path("compare_medium.json"))
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("host slow"))
+    assert "v3 eager repeat 1 ran its Python 2.00x slower" in line and "not its code" in line
 
 
 @pytest.mark.parametrize("content, needle", [

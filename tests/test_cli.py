@@ -124,6 +124,9 @@ def test_results_json_is_complete(tmp_path):
     assert r["throughput"]["tokens_per_s"] > 0 and r["flops"]["per_step"] > 0
     assert "6*N_matmul" in r["flops"]["convention"]
     assert r["config"]["hidden_dim"] == 64 and r["run"]["batch_size"] == 4
+    # the host's pace before and after the steps: microseconds of the same fixed Python
+    pace = r["host_pace"]
+    assert pace["before_us"] > 0 and pace["after_us"] > 0 and pace["items"] > 0
 
 
 @pytest.mark.slow

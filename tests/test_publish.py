@@ -601,6 +601,18 @@ def test_a_comparison_with_every_row_repeated_says_so():
     assert "here by up to 1.44x" in text and "one process each" not in text
 
 
+def test_the_caption_names_the_processes_whose_host_ran_slow():
+    """compare_versions' slow_hosts travel into the summary and the comparison's caption."""
+    from tools.published_format import compare_caption
+    report = json.loads((REPO / "docs/published/h200/compare_medium.json").read_text())
+    assert "host ran" not in compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
+    report["slow_hosts"] = [{"version": "v3", "mode": "eager", "repeat": 0, "pace_x": 1.93},
+                            {"version": "v3", "mode": "compile", "repeat": 0, "pace_x": 1.4}]
+    caption = compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
+    assert caption.endswith("host-paced row is slower with them: V3 Triton eager (repeat 1, 1.93x), "
+                            "V3 Triton compiled (repeat 1, 1.40x).")
+
+
 @pytest.mark.parametrize("step, repeats", [("compare-small", "3"), ("compare-medium", "1")])
 def test_the_small_comparison_repeats_every_row(tmp_path, step, repeats):
     """On a GPU, reproduce runs every row of the small comparison as often as an eager row (the

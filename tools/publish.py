@@ -120,7 +120,8 @@ def compare_summary(report: dict) -> dict:
             "command": report["command"],
             "ceiling_tflops": report["ceiling"]["matmul_tflops"],
             "ceiling_spread_percent": report["ceiling"].get("spread_percent"),
-            "datasheet_tflops": peak, "rows": rows, "sdpa_sweep": report.get("sdpa_sweep", [])}
+            "datasheet_tflops": peak, "rows": rows, "sdpa_sweep": report.get("sdpa_sweep", []),
+            "slow_hosts": report.get("slow_hosts", [])}
 
 
 def profile_summary(folder: Path) -> dict | None:

@@ -37,7 +37,18 @@ def compare_caption(s: dict, preset: str) -> str:
                f"steps each;" if c["repeats"] > 1 else
                f"one interleaved run, median of {c['num_steps'] - c['warmup_steps']} timed steps;")
             + f" measured matmul ceiling {num(c['ceiling_tflops'], '.0f')} TFLOP/s, datasheet "
-            f"peak {num(c['datasheet_tflops'], '.0f')} TFLOP/s. Command: `{c['command']}`.")
+            f"peak {num(c['datasheet_tflops'], '.0f')} TFLOP/s. Command: `{c['command']}`."
+            + _slow_hosts(c.get("slow_hosts") or []))
+
+
+def _slow_hosts(slow: list[dict]) -> str:
+    """The caption's sentence on processes whose host ran slow (compare_versions.slow_hosts)."""
+    if not slow:
+        return ""
+    named = [f"{VERSION_NAMES.get(s['version'], s['version'])} {MODE_NAMES.get(s['mode'], s['mode'])} "
+             f"(repeat {s['repeat'] + 1}, {s['pace_x']:.2f}x)" for s in slow]
+    return (" Processes whose host ran its Python slower than the comparison's median "
+            f"(harness.measure.host_pace_us), where a host-paced row is slower with them: {', '.join(named)}.")
 
 
 def speed(s: dict, preset: str, version: str, mode: str):

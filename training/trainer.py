@@ -298,6 +298,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             f"it ends)", flush=True)
     # One GPU, eager: the backward on this thread, the garbage collector at fixed steps.
     cleanup.enter_context(host_settings(device, ctx.world_size, settings.compile))
+    # The host's pace before and after the steps: a host-paced run moves with it
+    pace_before = measure.host_pace_us()
     last_line_at = time.monotonic()
     try:
         for step in range(total_steps):
@@ -351,6 +353,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             reader.collect()
         reader.collect(wait=True)
         dev.synchronize(device)
+        host_pace = {"before_us": pace_before, "after_us": measure.host_pace_us(),
+                     "items": measure.HOST_PACE_ITEMS}
     except torch.cuda.OutOfMemoryError:
         peak = measure.peak_memory(device)
         raise OutOfMemory(
@@ -375,6 +379,7 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
         checked_params=checked_params, tokens_per_step=tokens_per_step,
         measured_peak=measured_peak, world_size=ctx.world_size, parallel=ctx.kind,
         distributed=ctx.extra, warnings=[*getattr(base_model, "run_warnings", ()), *notes])
+    result["host_pace"] = host_pace
     if (reading := probe.result()) is not None:
         result["host_probe"] = reading
     # Fused parameters are checked piece by piece in V1's layout (measure.check_gradient_flow).
