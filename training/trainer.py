@@ -353,8 +353,6 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             reader.collect()
         reader.collect(wait=True)
         dev.synchronize(device)
-        host_pace = {"before_us": pace_before, "after_us": measure.host_pace_us(),
-                     "items": measure.HOST_PACE_ITEMS}
     except torch.cuda.OutOfMemoryError:
         peak = measure.peak_memory(device)
         raise OutOfMemory(
@@ -371,6 +369,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                              f"({str(e).splitlines()[0][:120]}): use --sdpa-backend auto") from None
         raise
 
+    host_pace = {"before_us": pace_before, "after_us": measure.host_pace_us(),
+                 "items": measure.HOST_PACE_ITEMS}
     timing = _timing(clock_marks[settings.warmup_steps:settings.num_steps], settings.grad_accum)
     timing = ctx.aggregate_timing(timing)
     memory = measure.peak_memory(device)
