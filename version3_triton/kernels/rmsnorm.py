@@ -254,9 +254,8 @@ def _chunks(n_rows: int, wave: int, tile: int) -> tuple[int, int]:
 
     Whole tiles because a program's chunk is walked one BLOCK_ROWS tile at a time: a
     chunk of 2 rows in a tile of 4 leaves half of every tile masked off, and twice the
-    programs each write a partial dw row to be summed. At the small preset's 1024 x 512
-    rows (tiles of 4) a wave of 528 programs of 2 rows takes 11.2 us on an H200, 256 of
-    one whole tile 7.3 us; at the medium preset's rows both round to the same chunks."""
+    programs each write a partial dw row to be summed - a third of the small preset's
+    backward time (V3's README has the numbers); wider rows' chunks are whole tiles anyway."""
     rows_each = common.cdiv(common.cdiv(n_rows, wave), tile) * tile  # the wave's share, in tiles
     return common.cdiv(n_rows, rows_each), rows_each
 
