@@ -136,12 +136,14 @@ def median_of_repeats(repeats: list[dict]) -> dict:
             out["warnings"].append(f"{prefix}backward {bwd:.2f} ms < forward {fwd:.2f} ms in this "
                                    "repeat, whose gradient guard did not pass (a cut graph?)")
     out["repeats"] = {"n": n, "tokens_per_s": [m["tokens_per_s"] for m in each]}
+    out["_host_slow"] = [x for r in repeats for x in r.get("_host_slow", [])]
     return out
 
 
 def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[str]]:
     """(one median result per (version, mode), notes on failed runs) of one file."""
     groups, notes = {}, []
+    slow = {(s["version"], s["mode"], s["repeat"]): s["pace_x"] for s in report.get("slow_hosts") or []}
     for i, row in enumerate(report["runs"]):
         try:
             key = (row["version"], row["mode"])
@@ -153,6 +155,8 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
             result = row_as_result(row, report)
             if (report.get("ceiling") or {}).get("matmul_tflops"):  # probed beside these runs
                 result["_matmul_tflops"] = report["ceiling"]["matmul_tflops"]
+            if (*key, row.get("repeat")) in slow:  # its host ran slow (compare_versions.slow_hosts)
+                result["_host_slow"] = [slow[(*key, row.get("repeat"))]]
         except KeyError as e:
             raise AnalysisError(f"{path}: row {i} has no {e.args[0]!r} - not a compare_versions row") from None
         except SchemaError as e:

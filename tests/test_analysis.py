@@ -487,6 +487,26 @@ def test_regress_judges_a_row_measured_over_several_processes_against_its_spread
     assert "REGRESSED" in set(table[table["metric"] == "throughput"]["status"])
 
 
+def test_regress_says_which_rows_ran_on_a_slow_host(tmp_path):
+    """A comparison's slow_hosts (compare_versions) travel to its rows through the loader,
+    one entry per process, and regress names the row with how many of its processes."""
+    from analysis_tools.compare import load_runs
+    from analysis_tools.regress import check_regressions
+    from conftest import REPO
+    published = REPO / "docs/published/h200/compare_medium.json"
+    report = json.loads(published.read_text())
+    report["slow_hosts"] = [{"version": "v3", "mode": "eager", "repeat": r, "pace_x": x}
+                            for r, x in ((0, 1.8), (1, 1.93))]
+    new = tmp_path / "compare_medium.json"
+    new.write_text(json.dumps(report))
+    v3_eager = next(r for r in load_runs([new])[0] if r["version"] == "v3" and not r["run"]["compile"])
+    assert v3_eager["_host_slow"] == [1.8, 1.93]
+    notes = check_regressions([published], [new])["notes"]
+    slow = [n for n in notes if "host ran slow" in n]
+    assert len(slow) == 1 and slow[0].startswith("v3 medium bf16: the host ran slow in 2 of 3 process")
+    assert "up to 1.93x" in slow[0]
+
+
 def test_regress_reads_a_setting_older_results_lack_as_its_value_then(v1):
     """Results from before --shard-optimizer record no such setting: they are the rows of
     runs that record it off, and not those of runs that record it on."""
