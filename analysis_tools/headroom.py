@@ -50,6 +50,16 @@ def roofline_ops(cfg, batch: int, seq: int, precision: str, matmul_tflops: float
     return ops
 
 
+def matmul_rate(ceilings: dict, precision: str, probed: float | None = None, label: str = "") -> float:
+    """The GEMMs' TFLOP/s for a sum: the ceiling probed beside the runs when there is one,
+    else the ceilings file's for this precision."""
+    matmul = probed or ceilings["measured"]["matmul_tflops"].get(precision)
+    if not matmul:
+        raise AnalysisError(f"headroom: the ceilings have no {precision} matmul rate"
+                            + (f" ({label})" if label else ""))
+    return matmul
+
+
 def ceilings_for_runs(results: list[dict], path=None) -> tuple[dict, Path]:
     """The ceilings JSON given, else the one measured on the runs' device; one line if none."""
     device = results[0]["device"].get("name")
@@ -73,9 +83,7 @@ def headroom(results: list[dict], ceilings: dict) -> dict:
     for label, r in zip(unique_labels(results), results):
         run = r["run"]
         precision = run["precision"]
-        matmul = r.get("_matmul_tflops") or measured["matmul_tflops"].get(precision)
-        if not matmul:
-            raise AnalysisError(f"headroom: the ceilings have no {precision} matmul rate ({label})")
+        matmul = matmul_rate(ceilings, precision, r.get("_matmul_tflops"), label)
         step = numbers(r)["step_ms"]
         if step is None:  # a failed run has no step to set beside the sum
             continue

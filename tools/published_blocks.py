@@ -423,7 +423,7 @@ def headroom_block(s: dict) -> str:
     """V3 and V4 at their best against the sum of the step's rooflines (analysis_tools
     headroom), medium and large, from the set's comparisons (each with the matmul ceiling it
     probed beside its runs) and the set's copy bandwidth."""
-    from analysis_tools.headroom import roofline_ops
+    from analysis_tools.headroom import matmul_rate, roofline_ops
     from harness.config import ModelConfig
     from harness.flops import attention_shape
     measured = s["ceilings"]["measured"]
@@ -433,7 +433,7 @@ def headroom_block(s: dict) -> str:
         if not c:
             continue
         cfg = ModelConfig(**c["config"])
-        matmul = c.get("ceiling_tflops") or measured["matmul_tflops"][c["precision"]]
+        matmul = matmul_rate(s["ceilings"], c["precision"], c.get("ceiling_tflops"))
         ops = roofline_ops(cfg, c["batch_size"], c["seq_len"], c["precision"], matmul, measured["copy_gbs"])
         at_roofs = ops["roofline ms"].sum()
         for version in ("v3", "v4"):
