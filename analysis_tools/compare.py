@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
+from harness.results import SLOW_HOST, host_slowdowns
 from harness.results import (NOISY_SPREAD, SchemaError, is_noisy, numbers, step_spread, table_rows,
                              validate)
 
@@ -137,13 +138,16 @@ def median_of_repeats(repeats: list[dict]) -> dict:
                                    "repeat, whose gradient guard did not pass (a cut graph?)")
     out["repeats"] = {"n": n, "tokens_per_s": [m["tokens_per_s"] for m in each]}
     out["_host_slow"] = [x for r in repeats for x in r.get("_host_slow", [])]
+    out["_host_left_out"] = sum(r.get("_host_left_out", 0) for r in repeats)
     return out
 
 
 def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[str]]:
     """(one median result per (version, mode), notes on failed runs) of one file."""
     groups, notes = {}, []
-    slow = {(s["version"], s["mode"], s["repeat"]): s["pace_x"] for s in report.get("slow_hosts") or []}
+    paces = {(row["version"], row["mode"], row.get("repeat")): pace for row in report["runs"]
+             if isinstance(row, dict) and (pace := (row.get("result") or {}).get("host_pace"))}
+    slow = {key: x for key, x in host_slowdowns(paces).items() if x > SLOW_HOST}  # as compare_versions
     for i, row in enumerate(report["runs"]):
         try:
             key = (row["version"], row["mode"])
@@ -155,7 +159,7 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
             result = row_as_result(row, report)
             if (report.get("ceiling") or {}).get("matmul_tflops"):  # probed beside these runs
                 result["_matmul_tflops"] = report["ceiling"]["matmul_tflops"]
-            if (pace_x := slow.get((*key, row.get("repeat")))) is not None:  # compare_versions.slow_hosts
+            if (pace_x := slow.get((*key, row.get("repeat")))) is not None:
                 result["_host_slow"] = [pace_x]
         except KeyError as e:
             raise AnalysisError(f"{path}: row {i} has no {e.args[0]!r} - not a compare_versions row") from None
@@ -170,7 +174,17 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
         version, mode = key
         return (not version.startswith("v"), version, MODE_ORDER.index(mode) if mode in MODE_ORDER else 99)
 
-    return [median_of_repeats(groups[key]) for key in sorted(groups, key=order)], notes
+    return [median_of_repeats(counted(groups[key])) for key in sorted(groups, key=order)], notes
+
+
+def counted(repeats: list[dict]) -> list[dict]:
+    """The repeats a row's median takes, as compare_versions' table does: those whose host ran
+    at pace where any did (the others' number goes to `_host_left_out`), else all of them."""
+    fine = [r for r in repeats if not r.get("_host_slow")]
+    if not fine or len(fine) == len(repeats):
+        return repeats
+    fine[0] = {**fine[0], "_host_left_out": len(repeats) - len(fine)}
+    return fine
 
 
 def load_runs(paths) -> tuple[list[dict], list[str]]:

@@ -121,9 +121,12 @@ def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None)
         label = run_label(r)
         if r.get("_host_slow"):  # compare_versions named its process(es) (slow_hosts)
             n = r.get("repeats", {}).get("n", 1)
-            notes.append(f"{label}: the host ran slow in {len(r['_host_slow'])} of {n} process(es) "
-                         f"(its Python up to {max(r['_host_slow']):.2f}x the comparison's median): "
+            notes.append(f"{label}: the host ran slow in all {n} process(es) "
+                         f"(its Python up to {max(r['_host_slow']):.2f}x the comparison's fastest): "
                          "where the host sets the pace, that row moves with its host")
+        elif r.get("_host_left_out"):
+            notes.append(f"{label}: {r['_host_left_out']} process(es) whose host ran slow left out "
+                         "of its median, as in the comparison's table")
         base, note = find_baseline(r, by_key, by_row)
         if note:
             notes.append(note)

@@ -289,7 +289,8 @@ def manifest() -> dict:
 
 def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
     """A comparison's own run of (version, mode) as one row's JSON: the rows that would
-    repeat a comparison's run (a step's baseline) are copied from it, not run again."""
+    repeat a comparison's run (a step's baseline) are copied from it, not run again. The
+    median run of those whose host ran at pace (all, where none did), as its table counts."""
     try:
         data = json.loads(report.read_text())
     except (OSError, ValueError):
@@ -299,6 +300,8 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
     if not runs:
         print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
         return 1
+    slow = {(s["version"], s["mode"], s["repeat"]) for s in data.get("slow_hosts") or []}
+    runs = [r for r in runs if (version, mode, r.get("repeat")) not in slow] or runs
     median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
     write_atomic(out, median["result"])
     return 0

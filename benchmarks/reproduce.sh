@@ -266,11 +266,16 @@ compare() {  # compare NAME PRESET: one interleaved comparison of every version 
         versions=v1,v3,v4,hf; modes=${LARGE_MODES:-reduce-overhead-master}; sweep=(); eager=$REPEATS
         [ $QUICK = 1 ] && { versions=v1,v4; modes=eager; }
     fi
+    # The modes the host paces (without graphs; on the small preset all) run again where a
+    # process's host ran slow: a shared host's Python can run at half its pace for minutes, any
+    # core, any version (compare_versions.py: the median takes the processes at pace).
+    local rerun=(); [ $QUICK = 1 ] || [ "$preset" = large ] || rerun=(--rerun-slow-host \
+        "$(tr , '\n' <<< "$modes,$peers" | { [ "$preset" = small ] && cat || grep -v reduce-overhead; } | sort -u | paste -sd,)")
     # The JSON is rewritten after every run: --resume keeps the runs a cut left in it
     local resume=(--resume); [ $FORCE = 1 ] && resume=()
     $PY benchmarks/compare_versions.py --preset "$2" --precision bf16 --device "$DEVICE" \
         --versions $versions --modes $modes --peer-modes $peers --repeats $repeats --eager-repeats $eager \
-        --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" "${resume[@]}" --output "$out" \
+        "${rerun[@]}" --num-steps "$STEPS" --warmup-steps "$WARMUP" "${sweep[@]}" "${resume[@]}" --output "$out" \
         2>> "$W/compare_$preset.log" | tee -a "$LOG" || failed=1
     finished "$out" || { say "   compare_$preset: incomplete (see $W/compare_$preset.log); run the step again to continue it"; failed=1; }
 }

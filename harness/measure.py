@@ -153,8 +153,9 @@ def host_pace_us(rounds: int = 5, items: int = HOST_PACE_ITEMS) -> float:
 
     A run whose pace the host sets (eager V3, the small preset) moves with this number:
     the same code can run half as fast when its process lands on a slower or busier core.
-    Measured before and after a run's steps (the trainer does), it tells such a process
-    from a slower commit. Compare it between processes of one machine only."""
+    Measured just before and after a run's timed steps (the trainer does), it tells such a
+    process from a slower commit (harness.results.host_slowdowns). Compare it between
+    processes of one machine only."""
     _host_work(items)  # the first round pays for allocation
     samples = []
     for _ in range(rounds):

@@ -24,7 +24,8 @@ Schema (version 1) - every run writes all top-level keys:
   host_probe       {steps, hold_ms, host_ms, gpu_ms, host_waited}: --host-probe's reading
                    (harness/measure.py HostProbe; optional, GPU runs only)
   host_pace        {before_us, after_us, items}: microseconds of a fixed piece of Python
-                   before and after the steps (harness/measure.py host_pace_us; optional)
+                   just before and after the timed steps (harness/measure.py host_pace_us;
+                   host_slowdowns reads it across runs; optional)
 
 This module builds the record (build), writes it (write_atomic, write_json), reads it
 (load, validate) and reads its numbers (numbers: tokens/s, step and phase ms, MFU, peak
@@ -341,6 +342,26 @@ def step_spread(result: dict) -> float | None:
 def is_noisy(result: dict) -> bool:
     spread = step_spread(result)
     return spread is not None and spread > NOISY_SPREAD
+
+
+SLOW_HOST = 1.25  # a process whose Python ran this much slower than the machine's fastest
+
+
+def host_slowdowns(paces: dict) -> dict:
+    """{key: how much slower than the machine's own pace each process's host ran}, from each
+    process's host_pace {before_us, after_us} (runs of one machine, at least 3; else {}).
+
+    A process's reading is the slower of its two probes and the machine's pace the fastest
+    probe of them all. The fastest, not the median: the same Python never runs faster than the
+    machine lets it, and on a shared host a slow spell can cover half the runs, median
+    included. The slower probe, not the faster: a spell comes and goes within seconds, and a
+    run probed fast before its steps and slow after them can have run slow in between. A run
+    whose reading is above SLOW_HOST ran on a slow host."""
+    probes = {key: max(p["before_us"], p["after_us"]) for key, p in paces.items() if p}
+    if len(probes) < 3:
+        return {}
+    fastest = min(min(p["before_us"], p["after_us"]) for p in paces.values() if p)
+    return {key: us / fastest for key, us in probes.items()}
 
 
 def peak_memory_mb(result: dict) -> float | None:

@@ -488,23 +488,31 @@ def test_regress_judges_a_row_measured_over_several_processes_against_its_spread
 
 
 def test_regress_says_which_rows_ran_on_a_slow_host(tmp_path):
-    """A comparison's slow_hosts (compare_versions) travel to its rows through the loader,
-    one entry per process, and regress names the row with how many of its processes."""
+    """The loader reads each process's host_pace as compare_versions does: a row's median
+    leaves out its processes whose host ran slow where any ran at pace (regress says how
+    many), and takes them all where none did (regress says the row moves with its host)."""
     from analysis_tools.compare import load_runs
     from analysis_tools.regress import check_regressions
     from conftest import REPO
     published = REPO / "docs/published/h200/compare_medium.json"
     report = json.loads(published.read_text())
-    report["slow_hosts"] = [{"version": "v3", "mode": "eager", "repeat": r, "pace_x": x}
-                            for r, x in ((0, 1.8), (1, 1.93))]
+    slow = {("v3", "eager", 0): 2.0, ("v3", "eager", 1): 1.9,
+            **{("v4", "eager", r): 1.8 + r / 10 for r in range(3)}}
+    for row in report["runs"]:
+        after = 1000 * slow.get((row["version"], row["mode"], row["repeat"]), 1.05)
+        row["result"]["host_pace"] = {"before_us": 1000.0, "after_us": after, "items": 20_000}
+        if (row["version"], row["mode"], row["repeat"]) == ("v3", "eager", 2):
+            fast = row["tokens_per_s"]
     new = tmp_path / "compare_medium.json"
     new.write_text(json.dumps(report))
-    v3_eager = next(r for r in load_runs([new])[0] if r["version"] == "v3" and not r["run"]["compile"])
-    assert v3_eager["_host_slow"] == [1.8, 1.93]
+    eager = {r["version"]: r for r in load_runs([new])[0] if not r["run"]["compile"]}
+    assert eager["v3"]["repeats"]["n"] == 1 and eager["v3"]["_host_left_out"] == 2
+    assert eager["v3"]["throughput"]["tokens_per_s"] == pytest.approx(fast)
+    assert eager["v4"]["repeats"]["n"] == 3 and eager["v4"]["_host_slow"] == pytest.approx([1.8, 1.9, 2.0])
     notes = check_regressions([published], [new])["notes"]
-    slow = [n for n in notes if "host ran slow" in n]
-    assert len(slow) == 1 and slow[0].startswith("v3 medium bf16: the host ran slow in 2 of 3 process")
-    assert "up to 1.93x" in slow[0]
+    assert "v3 medium bf16: 2 process(es) whose host ran slow left out of its median" in " ".join(notes)
+    v4 = [n for n in notes if n.startswith("v4 medium bf16: the host ran slow in all 3 process")]
+    assert len(v4) == 1 and "up to 2.00x" in v4[0]
 
 
 def test_regress_reads_a_setting_older_results_lack_as_its_value_then(v1):

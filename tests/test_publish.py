@@ -532,6 +532,25 @@ def test_reproduce_refuses_a_count_that_is_not_a_number(tmp_path, setting):
     assert not (tmp_path / "reproduce").exists()
 
 
+def test_compare_row_copies_the_median_run_at_pace(tmp_path):
+    """A row that repeats a comparison's run takes the median of its processes whose host ran
+    at pace, as the comparison's table does (all of them, where none did)."""
+    real = next(r for r in json.loads((REPO / "docs/published/h200/compare_medium.json").read_text())["runs"]
+                if r["version"] == "v3" and r["mode"] == "eager")["result"]
+    runs = [{"version": "v3", "mode": "eager", "repeat": r, "exit_code": 0, "tokens_per_s": speed,
+             "result": {**real, "command": f"run {speed}"}} for r, speed in enumerate((300, 400, 410, 200))]
+    report = tmp_path / "compare.json"
+    report.write_text(json.dumps({"runs": runs, "slow_hosts": [
+        {"version": "v3", "mode": "eager", "repeat": r, "pace_x": 2.0} for r in (0, 3)]}))
+    out = tmp_path / "r.json"
+    assert experiments.main(["compare-row", str(report), "v3", "eager", str(out)]) == 0
+    assert json.loads(out.read_text())["command"] == "run 400"  # the lower middle of 400 and 410
+    report.write_text(json.dumps({"runs": runs, "slow_hosts": [
+        {"version": "v3", "mode": "eager", "repeat": r, "pace_x": 2.0} for r in range(4)]}))
+    assert experiments.main(["compare-row", str(report), "v3", "eager", str(out)]) == 0
+    assert json.loads(out.read_text())["command"] == "run 300"
+
+
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
     report = tmp_path / "compare.json"
     report.write_text(json.dumps({"runs": [{"version": "v1", "mode": "eager", "exit_code": 3,
@@ -609,14 +628,16 @@ def test_the_caption_names_the_processes_whose_host_ran_slow():
     report["slow_hosts"] = [{"version": "v3", "mode": "eager", "repeat": 0, "pace_x": 1.93},
                             {"version": "v3", "mode": "compile", "repeat": 0, "pace_x": 1.4}]
     caption = compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
-    assert caption.endswith("host-paced row is slower with them: V3 Triton eager (repeat 1, 1.93x), "
-                            "V3 Triton compiled (repeat 1, 1.40x).")
+    assert caption.endswith("ran slow, out of their row's median where it has a process at pace: "
+                            "V3 Triton eager (repeat 1, 1.93x), V3 Triton compiled (repeat 1, 1.40x).")
 
 
-@pytest.mark.parametrize("step, repeats", [("compare-small", "3"), ("compare-medium", "1")])
-def test_the_small_comparison_repeats_every_row(tmp_path, step, repeats):
+@pytest.mark.parametrize("step, repeats, rerun", [("compare-small", "3", "compile,eager,reduce-overhead"),
+                                                  ("compare-medium", "1", "compile,eager")])
+def test_the_small_comparison_repeats_every_row(tmp_path, step, repeats, rerun):
     """On a GPU, reproduce runs every row of the small comparison as often as an eager row (the
-    host paces them all there), and the medium comparison's compiled rows once. A stand-in
+    host paces them all there), and the medium comparison's compiled rows once; the modes the
+    host paces run again where a process's host ran slow (on the small preset, all). A stand-in
     python answers reproduce's GPU probes and records the comparison's command line."""
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
@@ -632,3 +653,4 @@ esac
                    text=True, timeout=60)
     args = (tmp_path / "compare_args").read_text().split()
     assert args[args.index("--repeats") + 1] == repeats and args[args.index("--eager-repeats") + 1] == "3"
+    assert args[args.index("--rerun-slow-host") + 1] == rerun

@@ -3,6 +3,7 @@ the names of versions and modes, and the look-ups of a comparison's rows. Shared
 tools/publish.py (the blocks it fills) and tools/results_text.py (the results page)."""
 from __future__ import annotations
 
+from harness.results import SLOW_HOST
 
 PLACEHOLDER = ("*Not yet measured on this GPU model: run `bash benchmarks/reproduce.sh` on it, "
                "then `python tools/publish.py results/reproduce/<gpu>`.*")
@@ -47,8 +48,9 @@ def _slow_hosts(slow: list[dict]) -> str:
         return ""
     named = [f"{VERSION_NAMES.get(s['version'], s['version'])} {MODE_NAMES.get(s['mode'], s['mode'])} "
              f"(repeat {s['repeat'] + 1}, {s['pace_x']:.2f}x)" for s in slow]
-    return (" Processes whose host ran its Python slower than the comparison's median "
-            f"(harness.measure.host_pace_us), where a host-paced row is slower with them: {', '.join(named)}.")
+    return (" Processes whose host ran its Python (harness.measure.host_pace_us) more than "
+            f"{SLOW_HOST:g}x slower than the comparison's fastest (harness.results.host_slowdowns) "
+            f"ran slow, out of their row's median where it has a process at pace: {', '.join(named)}.")
 
 
 def speed(s: dict, preset: str, version: str, mode: str):

@@ -298,12 +298,13 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
             f"it ends)", flush=True)
     # One GPU, eager: the backward on this thread, the garbage collector at fixed steps.
     cleanup.enter_context(host_settings(device, ctx.world_size, settings.compile))
-    # The host's pace before and after the steps: a host-paced run moves with it
-    pace_before = measure.host_pace_us()
+    pace_before = None  # the host's pace just before the timed steps and after them
     last_line_at = time.monotonic()
     try:
         for step in range(total_steps):
             probing = step >= settings.num_steps
+            if step == settings.warmup_steps:  # a host-paced run moves with it
+                pace_before = measure.host_pace_us()
             if probing:
                 probe.start(device, clock_marks[settings.warmup_steps:settings.num_steps])
             clock = dev.StepClock(device)
@@ -369,7 +370,8 @@ def _run(settings: RunSettings, build_model, reference_weights, ctx, cleanup) ->
                              f"({str(e).splitlines()[0][:120]}): use --sdpa-backend auto") from None
         raise
 
-    host_pace = {"before_us": pace_before, "after_us": measure.host_pace_us(),
+    pace_after = measure.host_pace_us()
+    host_pace = {"before_us": pace_before or pace_after, "after_us": pace_after,
                  "items": measure.HOST_PACE_ITEMS}
     timing = _timing(clock_marks[settings.warmup_steps:settings.num_steps], settings.grad_accum)
     timing = ctx.aggregate_timing(timing)
