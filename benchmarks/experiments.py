@@ -11,11 +11,14 @@ timed-run flags reproduce gives every row, plus its own flags.
     python -m benchmarks.experiments manifest OUT  # the rows' blocks and labels, as JSON
     python -m benchmarks.experiments compare-row REPORT VERSION MODE OUT
     python -m benchmarks.experiments step-rows SOURCE STEP OUT
+    python -m benchmarks.experiments host-pace WORK OUT
 
 The manifest travels with the measurements (reproduce writes it into its work folder), so
 publishing reads which block shows which row from JSON, like every number it publishes.
 compare-row copies a comparison's own run into a row's JSON (a row that would repeat it);
-step-rows writes one step's finished rows, one record each, for regress.
+step-rows writes one step's finished rows, one record each, for regress. host-pace says
+whether a row's host ran slow (exit 1, with how much slower), against every process in
+reproduce's work folder: a host-paced row that did runs again.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.config import VERSIONS  # noqa: E402
-from harness.results import records_in, write_atomic, write_json  # noqa: E402
+from harness.results import SLOW_HOST, host_slowdowns, records_in, write_atomic, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,26 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
     return 0
 
 
+def host_pace(work: Path, out: Path) -> int:
+    """Exit 1, printing how much slower, where the run in `out` (a row in reproduce's work
+    folder `work`) ran on a slow host by harness.results.host_slowdowns over every process
+    there: each row's, each comparison's runs'. Exit 0 where it ran at pace, or where it or
+    the folder has too few readings to tell."""
+    paces = {key: data["host_pace"] for key, data in records_in(work).items() if data.get("host_pace")}
+    for path in sorted(work.glob("compare_*.json")):
+        try:
+            runs = json.loads(path.read_text()).get("runs", [])
+        except (OSError, ValueError):
+            continue
+        paces.update({(path.name, i): pace for i, run in enumerate(runs)
+                      if (pace := (run.get("result") or {}).get("host_pace"))})
+    slowdown = host_slowdowns(paces).get(f"{out.parent.name}/{out.stem}")
+    if slowdown is not None and slowdown > SLOW_HOST:
+        print(f"{slowdown:.2f}x")
+        return 1
+    return 0
+
+
 def step_rows(source: Path, step: str, out: Path) -> int:
     """The finished rows of one reproduce step, one results JSON each, into `out`: from a
     published set's rows.json or from reproduce's work folder. What regress compares."""
@@ -348,8 +371,11 @@ def main(argv: list[str]) -> int:
         return compare_row(Path(argv[1]), argv[2], argv[3], Path(argv[4]))
     if argv[:1] == ["step-rows"] and len(argv) == 4:
         return step_rows(Path(argv[1]), argv[2], Path(argv[3]))
+    if argv[:1] == ["host-pace"] and len(argv) == 3:
+        return host_pace(Path(argv[1]), Path(argv[2]))
     print("usage: python -m benchmarks.experiments list | rows STEP [--quick] | manifest OUT | "
-          "compare-row REPORT VERSION MODE OUT | step-rows SOURCE STEP OUT", file=sys.stderr)
+          "compare-row REPORT VERSION MODE OUT | step-rows SOURCE STEP OUT | host-pace WORK OUT",
+          file=sys.stderr)
     return 2
 
 

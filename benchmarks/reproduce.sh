@@ -40,7 +40,9 @@
 # reduce-overhead-master), ROW_TIMEOUT (300: seconds a training row may run before it is
 # stopped and recorded as failed), TIME_LIMIT (seconds: where one command may run only so
 # long, no training row starts that its ROW_TIMEOUT could carry past the limit; the command
-# then stops with exit 3, and the same command run again continues where it stopped).
+# then stops with exit 3, and the same command run again continues where it stopped),
+# HOST_RERUNS (1: times a training row the host paces runs again where its host ran slow,
+# benchmarks/experiments.py host-pace; 0 with --quick).
 # max-autotune is left out by default (minutes of
 # compilation, no faster step); to add it back:
 #   MEDIUM_MODES=eager,compile,reduce-overhead-master,max-autotune \
@@ -68,7 +70,7 @@ ALL_STEPS=(env compare-medium compare-small kernels analysis debug memory levers
 describe_step() {
     case $1 in
         env)            echo "~0.1 min  environment.txt: setup/check_environment.py" ;;
-        compare-medium) echo "~7.5 min  compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (18 runs: each eager row 3 times, 6 compiled); SDPA backends" ;;
+        compare-medium) echo "~7.5 min  compare_medium.json: every version and mode + the HF peer, medium preset, interleaved (18 runs: each eager row 3 times, 6 compiled; more where a host-paced run's host ran slow); SDPA backends" ;;
         compare-small)  echo "~7.5 min  compare_small.json: the same on the launch-bound small preset (every row 3 times, the host paces them all; CUDA/HIP graphs)" ;;
         kernels)        echo "~4.2 min  kernels.json: V3's Triton kernels against PyTorch (benchmarks/bench_kernels.py); host_overhead.json: host microseconds per call (benchmarks/host_overhead.py)" ;;
         analysis)       echo "~2.4 min  ceilings.json, V1, V3 and V4 medium profiled (operator and kernel tables), roofline" ;;
@@ -121,7 +123,7 @@ else
     [ ${#STEPS_ASKED[@]} -gt 0 ] || STEPS_ASKED=("${ALL_STEPS[@]}")
 fi
 # Counts and seconds are whole numbers; a typo stops here, before any row runs.
-for var in STEPS WARMUP REPEATS EAGER_REPEATS ROW_TIMEOUT TIME_LIMIT; do
+for var in STEPS WARMUP REPEATS EAGER_REPEATS ROW_TIMEOUT TIME_LIMIT HOST_RERUNS; do
     [ -n "${!var:-}" ] || continue
     pattern='^[0-9]+$'; [ $var = TIME_LIMIT ] && pattern='^-?[0-9]+$'
     if ! [[ ${!var} =~ $pattern ]]; then
@@ -160,6 +162,8 @@ finished() { grep -q '"complete": true' "$1" 2>/dev/null; }   # a finished compa
 # than 1 starts the run under torchrun, one process per GPU.
 OK_EXIT=3
 ROW_TIMEOUT=${ROW_TIMEOUT:-300}
+HOST_RERUNS=${HOST_RERUNS:-1}; [ $QUICK = 1 ] && HOST_RERUNS=0
+host_paced() { [[ " $* " != *" reduce-overhead "* && " $* " != *" --preset $LARGE "* ]]; }
 limited=0
 train() {
     local dir=$1 name=$2 script=$3; shift 3
@@ -170,15 +174,24 @@ train() {
         limited=1; return 0
     fi
     mkdir -p "$W/$dir"
-    local launch=($PY)
+    local launch=($PY) rc again=0 slow
     [ "${ROW_GPUS:-1}" -gt 1 ] && launch=($PY -m torch.distributed.run --standalone --nproc-per-node "$ROW_GPUS")
-    echo "== $name: ${launch[*]} $script $*" >> "$W/$dir/runs.log"
-    env ${ROW_ENV:-} timeout "$ROW_TIMEOUT" "${launch[@]}" "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
-        --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1 &
-    RUN_PID=$!
-    wait $RUN_PID
-    local rc=$?
-    RUN_PID=
+    while :; do
+        echo "== $name: ${launch[*]} $script $*" >> "$W/$dir/runs.log"
+        env ${ROW_ENV:-} timeout "$ROW_TIMEOUT" "${launch[@]}" "$script" --device "$DEVICE" --num-steps "$STEPS" --warmup-steps "$WARMUP" \
+            --quiet --output "$out" "$@" >> "$W/$dir/runs.log" 2>&1 &
+        RUN_PID=$!
+        wait $RUN_PID
+        rc=$?
+        RUN_PID=
+        # A row the host paces (no graphs, not the large preset) whose host ran slow runs again,
+        # HOST_RERUNS times at most; the slow run stays beside it as .NAME.slow.json
+        { [ $rc = 0 ] && [ $again -lt "$HOST_RERUNS" ] && host_paced "$@"; } || break
+        slow=$($PY -m benchmarks.experiments host-pace "$W" "$out") && break
+        if [ -n "${TIME_LIMIT:-}" ] && ((SECONDS - start + ROW_TIMEOUT > TIME_LIMIT)); then break; fi
+        say "   $dir/$name: its host ran its Python $slow slower than this machine's fastest, run again"
+        mv "$out" "$W/$dir/.$name.slow.json"; again=$((again + 1))
+    done
     if [ $rc = 0 ]; then
         say "   $dir/$name ok"
     else

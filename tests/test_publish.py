@@ -519,7 +519,7 @@ def test_a_failed_row_runs_again_and_an_answer_does_not(tmp_path):
     assert "levers/prec_fp32: done before, skipped" in proc.stdout
 
 
-@pytest.mark.parametrize("setting", ["STEPS=fusion", "ROW_TIMEOUT=5m", "TIME_LIMIT=1.5"])
+@pytest.mark.parametrize("setting", ["STEPS=fusion", "ROW_TIMEOUT=5m", "TIME_LIMIT=1.5", "HOST_RERUNS=yes"])
 def test_reproduce_refuses_a_count_that_is_not_a_number(tmp_path, setting):
     """STEPS, ROW_TIMEOUT, TIME_LIMIT, ...: a value that is not a whole number is one line and
     exit 2, before any row runs or any folder is made."""
@@ -549,6 +549,41 @@ def test_compare_row_copies_the_median_run_at_pace(tmp_path):
         {"version": "v3", "mode": "eager", "repeat": r, "pace_x": 2.0} for r in range(4)]}))
     assert experiments.main(["compare-row", str(report), "v3", "eager", str(out)]) == 0
     assert json.loads(out.read_text())["command"] == "run 300"
+
+
+@pytest.mark.parametrize("reruns", ["1", "0"])
+def test_a_host_paced_row_whose_host_ran_slow_runs_again(tmp_path, reruns):
+    """A training row without graphs whose process ran on a slow host (experiments host-pace,
+    against every process in the work folder) runs again, HOST_RERUNS times at most; the slow
+    run stays beside it, out of the rows. A stand-in python plays the GPU and the training runs:
+    the third row's first process reads 3x the machine's pace."""
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/usr/bin/env bash
+case "$*" in
+    *device_count*) echo 1 ;;
+    *gpu_slug*) echo fakegpu ;;
+    *tiny_llama_v1.py*)
+        out=$(sed -n 's/.*--output \\([^ ]*\\).*/\\1/p' <<< "$*"); name=$(basename "$out" .json)
+        n=$(cat {tmp_path}/count_$name 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/count_$name
+        after=1000; [ "$name-$n" = prec_bf16-0 ] && after=3000
+        echo '{{"schema_version": 1, "host_pace": {{"before_us": 1000, "after_us": '$after', "items": 1}}}}' > "$out" ;;
+    *) exec {sys.executable} "$@" ;;
+esac
+""")
+    fake.chmod(0o755)
+    env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": str(fake), "ROWS": "prec_*", "HOST_RERUNS": reruns}
+    proc = subprocess.run(["bash", "benchmarks/reproduce.sh", "levers"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {name: int((tmp_path / f"count_{name}").read_text()) for name in ("prec_fp32", "prec_tf32", "prec_bf16")}
+    levers = tmp_path / "reproduce/fakegpu/levers"
+    if reruns == "1":
+        assert runs == {"prec_fp32": 1, "prec_tf32": 1, "prec_bf16": 2}
+        assert "levers/prec_bf16: its host ran its Python 3.00x slower than this machine's fastest" in proc.stdout
+        assert (levers / ".prec_bf16.slow.json").exists()
+        assert json.loads((levers / "prec_bf16.json").read_text())["host_pace"]["after_us"] == 1000
+    else:
+        assert runs == {"prec_fp32": 1, "prec_tf32": 1, "prec_bf16": 1} and "run again" not in proc.stdout
 
 
 def test_compare_row_refuses_a_run_the_comparison_lacks(tmp_path):
