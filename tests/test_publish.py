@@ -635,7 +635,10 @@ def test_host_paced_eager_rows_show_their_range_and_say_why():
                                "rows": [row("eager", 49411, 43315, 72494), row("reduce-overhead", 2e5, 2e5, 2e5)]}}}
     text = blocks.render("compare-small", s)
     assert "tokens/s (min..max)" in text and "49,411 (43,315..72,494)" in text
-    assert "median of 3 interleaved processes" in text and "host-paced row" in text
+    assert "median of 3 interleaved processes, with the range they spanned" in text and "host-paced row" in text
+    for r in s["compare"]["small"]["rows"]:  # a comparison whose medians take the processes at pace
+        r["counted"] = r["runs"]
+    assert "median of 3 interleaved processes whose host ran at pace" in blocks.render("compare-small", s)
     s["compare"]["small"]["eager_repeats"] = 1
     assert "host-paced" not in blocks.render("compare-small", s)
 

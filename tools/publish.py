@@ -109,7 +109,7 @@ def compare_summary(report: dict) -> dict:
         ph = phases.get((row["version"], row["mode"]), [])
         med = {p: sorted(x[p] for x in ph)[len(ph) // 2] for p in ("forward", "backward", "optimizer")} if ph else {}
         rows.append({**{k: row.get(k) for k in (
-            "version", "mode", "runs", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_ms",
+            "version", "mode", "runs", "counted", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "step_ms",
             "x_v1_eager", "mfu_datasheet", "mfu_measured_ceiling", "peak_memory_mb", "sdpa_kernel",
             "error")}, **{f"{p}_ms": v for p, v in med.items()}})
     peak = next((r["peak_tflops_datasheet"] for r in report["runs"] if r.get("peak_tflops_datasheet")), None)

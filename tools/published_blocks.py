@@ -189,10 +189,13 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
         here = (f"here by up to {widest:.2f}x" if widest >= 1.05 else
                 f"here by at most {widest:.2f}x: no process's host slowed in this run")
         which = "Each row" if every_row else "Each eager row"
-        text += (f"\n\n{which} is the median of {max(eager, c['repeats'])} interleaved processes, with "
-                 f"the range they spanned: where the host sets the pace (Python and the launches, not "
-                 f"the GPU), one process can differ from the next ({here}), and a wide range marks such "
-                 f"a host-paced row. `regress` judges each row against its range.")
+        at_pace = any("counted" in r for r in c["rows"])  # compare_versions' rule since it has one
+        text += (f"\n\n{which} is the median of {max(eager, c['repeats'])} interleaved processes"
+                 + (" whose host ran at pace (one whose host ran slow is named below and left out, and "
+                    "its row runs again, up to twice as many processes)" if at_pace else "")
+                 + f", with the range they{' all' if at_pace else ''} spanned: where the host sets the pace (Python and the "
+                 f"launches, not the GPU), one process can differ from the next ({here}), and a wide "
+                 f"range marks such a host-paced row. `regress` judges each row against its range.")
         if not every_row:
             text += " The other rows are one process each."
     return text
