@@ -356,7 +356,8 @@ def host_slowdowns(paces: dict) -> dict:
     machine lets it, and on a shared host a slow spell can cover half the runs, median
     included. The slower probe, not the faster: a spell comes and goes within seconds, and a
     run probed fast before its steps and slow after them can have run slow in between. A run
-    whose reading is above SLOW_HOST ran on a slow host."""
+    whose reading is above SLOW_HOST ran on a slow host. The rule reads the probes only, never
+    a run's speed, so leaving such runs out cannot pick the fast ones."""
     probes = {key: max(p["before_us"], p["after_us"]) for key, p in paces.items() if p}
     if len(probes) < 3:
         return {}
