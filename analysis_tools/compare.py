@@ -21,9 +21,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.results import SLOW_HOST, host_slowdowns
-from harness.results import (NOISY_SPREAD, SchemaError, is_noisy, numbers, step_spread, table_rows,
-                             validate)
+from harness.results import (NOISY_SPREAD, SLOW_HOST, SchemaError, host_slowdowns, is_noisy, numbers,
+                             step_spread, table_rows, validate)
 
 from .common import (INTERPRETER_MARK, AnalysisError, interpreted, load_results, memory_column, memory_kind, plt,
                      result_paths, save_figure, text_table, unique_labels)

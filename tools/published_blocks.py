@@ -193,9 +193,10 @@ def compare_table(s: dict, preset: str, modes=None) -> str:
         text += (f"\n\n{which} is the median of {max(eager, c['repeats'])} interleaved processes"
                  + (" whose host ran at pace (one whose host ran slow is named below and left out, and "
                     "its row runs again, up to twice as many processes)" if at_pace else "")
-                 + f", with the range they{' all' if at_pace else ''} spanned: where the host sets the pace (Python and the "
-                 f"launches, not the GPU), one process can differ from the next ({here}), and a wide "
-                 f"range marks such a host-paced row. `regress` judges each row against its range.")
+                 + f", with the range they{' all' if at_pace else ''} spanned: where the host sets the "
+                 f"pace (Python and the launches, not the GPU), one process can differ from the next "
+                 f"({here}), and a wide range marks such a host-paced row. `regress` judges each row "
+                 f"against its range.")
         if not every_row:
             text += " The other rows are one process each."
     return text
