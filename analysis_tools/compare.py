@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.results import (NOISY_SPREAD, SLOW_HOST, SchemaError, host_slowdowns, is_noisy, numbers,
-                             step_spread, table_rows, validate)
+from harness.results import (NOISY_SPREAD, SchemaError, comparison_paces, host_slowdowns, is_noisy,
+                             numbers, step_spread, table_rows, validate)
 
 from .common import (INTERPRETER_MARK, AnalysisError, interpreted, load_results, memory_column, memory_kind, plt,
                      result_paths, save_figure, text_table, unique_labels)
@@ -144,9 +144,7 @@ def median_of_repeats(repeats: list[dict]) -> dict:
 def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[str]]:
     """(one median result per (version, mode), notes on failed runs) of one file."""
     groups, notes = {}, []
-    paces = {(row["version"], row["mode"], row.get("repeat")): pace for row in report["runs"]
-             if isinstance(row, dict) and (pace := (row.get("result") or {}).get("host_pace"))}
-    slow = {key: x for key, x in host_slowdowns(paces).items() if x > SLOW_HOST}  # as compare_versions
+    slow = host_slowdowns(comparison_paces(report["runs"]))  # as compare_versions' table
     for i, row in enumerate(report["runs"]):
         try:
             key = (row["version"], row["mode"])

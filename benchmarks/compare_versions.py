@@ -62,7 +62,7 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import results as run_results  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_spec, load_version  # noqa: E402
-from harness.results import SLOW_HOST, host_slowdowns  # noqa: E402
+from harness.results import comparison_paces, host_slowdowns  # noqa: E402
 from harness.spec import MODE_FLAGS  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
@@ -544,10 +544,8 @@ def slow_hosts(runs: list[dict]) -> list[dict]:
     """The processes whose host ran slow (harness.results.host_slowdowns over all the
     comparison's runs: each one's slower probe over the fastest of them all), with pace_x,
     how much slower. None among fewer than 3 runs."""
-    paces = {(row["version"], row["mode"], row.get("repeat")): pace
-             for row in runs if (pace := (row.get("result") or {}).get("host_pace"))}
     return [{"version": version, "mode": mode, "repeat": repeat, "pace_x": x}
-            for (version, mode, repeat), x in host_slowdowns(paces).items() if x > SLOW_HOST]
+            for (version, mode, repeat), x in host_slowdowns(comparison_paces(runs)).items()]
 
 
 def at_pace(runs: list[dict], slow: set) -> list[dict]:

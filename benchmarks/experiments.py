@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.config import VERSIONS  # noqa: E402
-from harness.results import SLOW_HOST, host_slowdowns, records_in, write_atomic, write_json  # noqa: E402
+from harness.results import comparison_paces, host_slowdowns, records_in, write_atomic, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -321,10 +321,9 @@ def host_pace(work: Path, out: Path) -> int:
             runs = json.loads(path.read_text()).get("runs", [])
         except (OSError, ValueError):
             continue
-        paces.update({(path.name, i): pace for i, run in enumerate(runs)
-                      if (pace := (run.get("result") or {}).get("host_pace"))})
+        paces.update({(path.name, *key): pace for key, pace in comparison_paces(runs).items()})
     slowdown = host_slowdowns(paces).get(f"{out.parent.name}/{out.stem}")
-    if slowdown is not None and slowdown > SLOW_HOST:
+    if slowdown is not None:
         print(f"{slowdown:.2f}x")
         return 1
     return 0

@@ -348,8 +348,9 @@ SLOW_HOST = 1.25  # a process whose Python ran this much slower than the machine
 
 
 def host_slowdowns(paces: dict) -> dict:
-    """{key: how much slower than the machine's own pace each process's host ran}, from each
-    process's host_pace {before_us, after_us} (runs of one machine, at least 3; else {}).
+    """{key: how much slower than the machine's own pace its host ran} of each process that ran
+    on a slow host, from every process's host_pace {before_us, after_us} (runs of one machine,
+    at least 3; else {}).
 
     A process's reading is the slower of its two probes and the machine's pace the fastest
     probe of them all. The fastest, not the median: the same Python never runs faster than the
@@ -362,7 +363,13 @@ def host_slowdowns(paces: dict) -> dict:
     if len(probes) < 3:
         return {}
     fastest = min(min(p["before_us"], p["after_us"]) for p in paces.values() if p)
-    return {key: us / fastest for key, us in probes.items()}
+    return {key: us / fastest for key, us in probes.items() if us > SLOW_HOST * fastest}
+
+
+def comparison_paces(runs: list[dict]) -> dict:
+    """{(version, mode, repeat): host_pace} of a compare_versions JSON's runs that record one."""
+    return {(run.get("version"), run.get("mode"), run.get("repeat")): pace for run in runs
+            if isinstance(run, dict) and (pace := (run.get("result") or {}).get("host_pace"))}
 
 
 def peak_memory_mb(result: dict) -> float | None:
