@@ -662,6 +662,7 @@ def test_the_caption_names_the_processes_whose_host_ran_slow():
     """compare_versions' slow_hosts travel into the summary and the comparison's caption."""
     from tools.published_format import compare_caption
     report = json.loads((REPO / "docs/published/h200/compare_medium.json").read_text())
+    report["slow_hosts"] = []
     assert "host ran" not in compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
     report["slow_hosts"] = [{"version": "v3", "mode": "eager", "repeat": 0, "pace_x": 1.93},
                             {"version": "v3", "mode": "compile", "repeat": 0, "pace_x": 1.4}]
