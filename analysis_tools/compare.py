@@ -156,8 +156,8 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
             result = row_as_result(row, report)
             if (report.get("ceiling") or {}).get("matmul_tflops"):  # probed beside these runs
                 result["_matmul_tflops"] = report["ceiling"]["matmul_tflops"]
-            if (pace_x := slow.get((*key, row.get("repeat")))) is not None:
-                result["_host_slow"] = [pace_x]
+            if (reading := slow.get((*key, row.get("repeat")))) is not None:
+                result["_host_slow"] = [reading]
         except KeyError as e:
             raise AnalysisError(f"{path}: row {i} has no {e.args[0]!r} - not a compare_versions row") from None
         except SchemaError as e:

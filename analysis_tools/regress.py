@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.results import slowdown_words
+
 from .common import AnalysisError, numbers, run_label
 
 DEFAULT_TOLERANCES = {"throughput": 0.05, "memory": 0.10, "loss": 0.02}
@@ -121,9 +123,10 @@ def check(baseline: list[dict], new: list[dict], tolerances: dict | None = None)
         label = run_label(r)
         if r.get("_host_slow"):  # compare_versions named its process(es) (slow_hosts)
             n = r.get("repeats", {}).get("n", 1)
-            notes.append(f"{label}: the host ran slow in all {n} process(es) "
-                         f"(its Python up to {max(r['_host_slow']):.2f}x the comparison's fastest): "
-                         "where the host sets the pace, that row moves with its host")
+            worst = max(r["_host_slow"], key=lambda s: (s["pace_x"], s["steps_x"] or 0))
+            notes.append(f"{label}: the host ran slow in all {n} process(es) (the slowest "
+                         f"{slowdown_words(worst)}): where the host sets the pace, that row moves "
+                         "with its host")
         elif r.get("_host_left_out"):
             notes.append(f"{label}: {r['_host_left_out']} process(es) whose host ran slow left out "
                          "of its median, as in the comparison's table")

@@ -30,8 +30,9 @@ one JSON, rewritten atomically after every run with "complete": false (so an
 interrupted comparison still leaves its results) and with "complete": true by
 the last write. Each run times a fixed piece of Python just before and after its timed
 steps (harness.measure.host_pace_us): a process whose host ran it more than SLOW_HOST times
-slower than the fastest of the comparison's probes ran on a slow host (host_slowdowns), and a
-row the host paces (eager, the small preset) is slower with its host, not with its code. Such
+slower than the fastest of the comparison's probes, or whose median step took more than
+SLOW_SPELL times its fastest tenth (a spell between its probes), ran on a slow host
+(host_slowdowns), and a row the host paces (eager, the small preset) is slower with its host, not with its code. Such
 a process is named under the table and left out of its row's median wherever the row has a
 process at pace (its speed stays in the row's min..max); `--rerun-slow-host MODES` runs the
 pairs of those modes again, at most as many more times as their repeats, until as many of
@@ -62,7 +63,7 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import results as run_results  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_spec, load_version  # noqa: E402
-from harness.results import comparison_paces, host_slowdowns  # noqa: E402
+from harness.results import comparison_paces, host_slowdowns, slowdown_words  # noqa: E402
 from harness.spec import MODE_FLAGS  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
@@ -542,10 +543,10 @@ def compare(args) -> dict:
 
 def slow_hosts(runs: list[dict]) -> list[dict]:
     """The processes whose host ran slow (harness.results.host_slowdowns over all the
-    comparison's runs: each one's slower probe over the fastest of them all), with pace_x,
-    how much slower. None among fewer than 3 runs."""
-    return [{"version": version, "mode": mode, "repeat": repeat, "pace_x": x}
-            for (version, mode, repeat), x in host_slowdowns(comparison_paces(runs)).items()]
+    comparison's runs: each one's slower probe over the fastest of them all, pace_x, and its
+    median step over its fastest tenth, steps_x). None among fewer than 3 runs."""
+    return [{"version": version, "mode": mode, "repeat": repeat, **reading}
+            for (version, mode, repeat), reading in host_slowdowns(comparison_paces(runs)).items()]
 
 
 def at_pace(runs: list[dict], slow: set) -> list[dict]:
@@ -581,8 +582,8 @@ def print_report(report: dict, output: Path) -> None:
     counted = {(r["version"], r["mode"]): r.get("counted", r["ok"]) < r["ok"] for r in report["summary"]}
     for s in report.get("slow_hosts", []):
         left_out = counted.get((s["version"], s["mode"]))
-        print(f"host slow: {s['version']} {s['mode']} repeat {s['repeat'] + 1} ran its Python "
-              f"{s['pace_x']:.2f}x slower than the comparison's fastest (harness.results.host_slowdowns): "
+        print(f"host slow: {s['version']} {s['mode']} repeat {s['repeat'] + 1} {slowdown_words(s)} "
+              "(harness.results.host_slowdowns): "
               + ("left out of its row's median, which its processes at pace make" if left_out else
                  "counted, since none of its row's processes ran at pace; where the host sets the "
                  "pace, that row is slower with its host, not its code"))

@@ -17,7 +17,7 @@ The manifest travels with the measurements (reproduce writes it into its work fo
 publishing reads which block shows which row from JSON, like every number it publishes.
 compare-row copies a comparison's own run into a row's JSON (a row that would repeat it);
 step-rows writes one step's finished rows, one record each, for regress. host-pace says
-whether a row's host ran slow (exit 1, with how much slower), against every process in
+whether a row's host ran slow (exit 1, with how), against every process in
 reproduce's work folder: a host-paced row that did runs again.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.config import VERSIONS  # noqa: E402
-from harness.results import comparison_paces, host_slowdowns, records_in, write_atomic, write_json  # noqa: E402
+from harness.results import (comparison_paces, host_slowdowns, records_in, run_pace,  # noqa: E402
+                             slowdown_words, write_atomic, write_json)
 
 
 @dataclass(frozen=True)
@@ -311,11 +312,11 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
 
 
 def host_pace(work: Path, out: Path) -> int:
-    """Exit 1, printing how much slower, where the run in `out` (a row in reproduce's work
+    """Exit 1, printing how it ran slow, where the run in `out` (a row in reproduce's work
     folder `work`) ran on a slow host by harness.results.host_slowdowns over every process
     there: each row's, each comparison's runs'. Exit 0 where it ran at pace, or where it or
     the folder has too few readings to tell."""
-    paces = {key: data["host_pace"] for key, data in records_in(work).items() if data.get("host_pace")}
+    paces = {key: pace for key, data in records_in(work).items() if (pace := run_pace(data))}
     for path in sorted(work.glob("compare_*.json")):
         try:
             runs = json.loads(path.read_text()).get("runs", [])
@@ -324,7 +325,7 @@ def host_pace(work: Path, out: Path) -> int:
         paces.update({(path.name, *key): pace for key, pace in comparison_paces(runs).items()})
     slowdown = host_slowdowns(paces).get(f"{out.parent.name}/{out.stem}")
     if slowdown is not None:
-        print(f"{slowdown:.2f}x")
+        print(slowdown_words(slowdown, "this machine's fastest"))
         return 1
     return 0
 

@@ -189,7 +189,7 @@ train() {
         { [ $rc = 0 ] && [ $again -lt "$HOST_RERUNS" ] && host_paced "$@"; } || break
         slow=$($PY -m benchmarks.experiments host-pace "$W" "$out") && break
         if [ -n "${TIME_LIMIT:-}" ] && ((SECONDS - start + ROW_TIMEOUT > TIME_LIMIT)); then break; fi
-        say "   $dir/$name: its host ran its Python $slow slower than this machine's fastest, run again"
+        say "   $dir/$name: it $slow, run again"
         mv "$out" "$W/$dir/.$name.slow.json"; again=$((again + 1))
     done
     if [ $rc = 0 ]; then

@@ -25,7 +25,8 @@ Schema (version 1) - every run writes all top-level keys:
                    (harness/measure.py HostProbe; optional, GPU runs only)
   host_pace        {before_us, after_us, items}: microseconds of a fixed piece of Python
                    just before and after the timed steps (harness/measure.py host_pace_us;
-                   host_slowdowns reads it across runs; optional)
+                   host_slowdowns reads it across runs, with the step's median over its
+                   p10; optional)
 
 This module builds the record (build), writes it (write_atomic, write_json), reads it
 (load, validate) and reads its numbers (numbers: tokens/s, step and phase ms, MFU, peak
@@ -345,31 +346,62 @@ def is_noisy(result: dict) -> bool:
 
 
 SLOW_HOST = 1.25  # a process whose Python ran this much slower than the machine's fastest
+SLOW_SPELL = 1.10  # a process whose median step took this much longer than its fastest tenth
+
+
+def run_pace(result: dict) -> dict | None:
+    """What host_slowdowns reads of one run: its host_pace probes and steps_x, its median
+    step over its fastest tenth (p10); None for a run that records no host_pace."""
+    pace = result.get("host_pace")
+    if not pace:
+        return None
+    step = (result.get("timing_ms") or {}).get("step") or {}
+    median, p10 = step.get("median"), step.get("p10")
+    return {**pace, "steps_x": median / p10 if median and p10 else None}
 
 
 def host_slowdowns(paces: dict) -> dict:
-    """{key: how much slower than the machine's own pace its host ran} of each process that ran
-    on a slow host, from every process's host_pace {before_us, after_us} (runs of one machine,
-    at least 3; else {}).
+    """{key: {pace_x, steps_x}} of each process that ran on a slow host, from every process's
+    run_pace (runs of one machine, at least 3; else {}).
 
-    A process's reading is the slower of its two probes and the machine's pace the fastest
-    probe of them all. The fastest, not the median: the same Python never runs faster than the
+    pace_x is the slower of a process's two probes over the fastest probe of them all (the
+    machine's pace). The fastest, not the median: the same Python never runs faster than the
     machine lets it, and on a shared host a slow spell can cover half the runs, median
     included. The slower probe, not the faster: a spell comes and goes within seconds, and a
-    run probed fast before its steps and slow after them can have run slow in between. A run
-    whose reading is above SLOW_HOST ran on a slow host. The rule reads the probes only, never
-    a run's speed, so leaving such runs out cannot pick the fast ones."""
+    run probed fast before its steps and slow after them can have run slow in between. Above
+    SLOW_HOST it ran on a slow host. A spell can also come and go between the two probes:
+    then the run's own steps disagree, and a median step over SLOW_SPELL times its fastest
+    tenth (steps_x) says so. The rule reads the probes and each run's steps against each
+    other, never one run's speed against another's, so leaving such runs out cannot pick the
+    fast ones."""
     probes = {key: max(p["before_us"], p["after_us"]) for key, p in paces.items() if p}
     if len(probes) < 3:
         return {}
     fastest = min(min(p["before_us"], p["after_us"]) for p in paces.values() if p)
-    return {key: us / fastest for key, us in probes.items() if us > SLOW_HOST * fastest}
+    readings = {key: {"pace_x": us / fastest, "steps_x": paces[key].get("steps_x")}
+                for key, us in probes.items()}
+    return {key: r for key, r in readings.items()
+            if r["pace_x"] > SLOW_HOST or (r["steps_x"] or 0) > SLOW_SPELL}
+
+
+def spell_between_probes(reading: dict) -> bool:
+    """Did host_slowdowns name this process by its steps alone (its probes read at pace)?"""
+    return reading["pace_x"] <= SLOW_HOST
+
+
+def slowdown_words(reading: dict, fastest: str = "the comparison's fastest") -> str:
+    """How a process of host_slowdowns ran slow, after its name: "ran its Python 1.88x slower
+    than the comparison's fastest", or for a spell its probes missed, its median step."""
+    if not spell_between_probes(reading):
+        return f"ran its Python {reading['pace_x']:.2f}x slower than {fastest}"
+    return (f"had its median step {reading['steps_x']:.2f}x its fastest tenth's "
+            "(a slow spell between its host's probes)")
 
 
 def comparison_paces(runs: list[dict]) -> dict:
-    """{(version, mode, repeat): host_pace} of a compare_versions JSON's runs that record one."""
+    """{(version, mode, repeat): run_pace} of a compare_versions JSON's runs that record one."""
     return {(run.get("version"), run.get("mode"), run.get("repeat")): pace for run in runs
-            if isinstance(run, dict) and (pace := (run.get("result") or {}).get("host_pace"))}
+            if isinstance(run, dict) and (pace := run_pace(run.get("result") or {}))}
 
 
 def peak_memory_mb(result: dict) -> float | None:

@@ -496,6 +496,7 @@ def test_regress_says_which_rows_ran_on_a_slow_host(tmp_path):
     from conftest import REPO
     published = REPO / "docs/published/h200/compare_medium.json"
     report = json.loads(published.read_text())
+    report["runs"] = [row for row in report["runs"] if row["repeat"] < 3]  # 3 processes a row
     slow = {("v3", "eager", 0): 2.0, ("v3", "eager", 1): 1.9,
             **{("v4", "eager", r): 1.8 + r / 10 for r in range(3)}}
     for row in report["runs"]:
@@ -508,11 +509,11 @@ def test_regress_says_which_rows_ran_on_a_slow_host(tmp_path):
     eager = {r["version"]: r for r in load_runs([new])[0] if not r["run"]["compile"]}
     assert eager["v3"]["repeats"]["n"] == 1 and eager["v3"]["_host_left_out"] == 2
     assert eager["v3"]["throughput"]["tokens_per_s"] == pytest.approx(fast)
-    assert eager["v4"]["repeats"]["n"] == 3 and eager["v4"]["_host_slow"] == pytest.approx([1.8, 1.9, 2.0])
+    assert eager["v4"]["repeats"]["n"] == 3 and [s["pace_x"] for s in eager["v4"]["_host_slow"]] == pytest.approx([1.8, 1.9, 2.0])
     notes = check_regressions([published], [new])["notes"]
     assert "v3 medium bf16: 2 process(es) whose host ran slow left out of its median" in " ".join(notes)
     v4 = [n for n in notes if n.startswith("v4 medium bf16: the host ran slow in all 3 process")]
-    assert len(v4) == 1 and "up to 2.00x" in v4[0]
+    assert len(v4) == 1 and "(the slowest ran its Python 2.00x slower than the comparison's fastest)" in v4[0]
 
 
 def test_regress_reads_a_setting_older_results_lack_as_its_value_then(v1):

@@ -158,6 +158,26 @@ def test_a_process_whose_host_ran_slow_is_named_under_the_table(capsys):
     assert "v3 eager repeat 1 ran its Python 2.16x slower" in line and "not its code" in line
 
 
+def test_a_spell_between_the_probes_shows_in_the_runs_own_steps(capsys):
+    """Both probes at pace, yet more than half the steps slow: the run's median step over its
+    fastest tenth (steps_x) above SLOW_SPELL names it too, and the words say which reading did.
+    A record without host_pace is not read at all (sets measured before the probes)."""
+    from harness.results import SLOW_SPELL, run_pace
+    script = importlib.import_module("benchmarks.compare_versions")
+    runs = paced({("v3", "eager", r): (1000, 1050) for r in range(4)})
+    for run, (median, p10) in zip(runs, [(20.0, 19.9), (26.2, 20.9), (20.6, 20.0), (20.3, 20.0)]):
+        run["result"]["timing_ms"] = {"step": {"median": median, "p10": p10}}
+    slow = script.slow_hosts(runs)
+    assert [s["repeat"] for s in slow] == [1] and 26.2 / 20.9 > SLOW_SPELL > 20.6 / 20.0
+    assert slow[0]["steps_x"] == pytest.approx(26.2 / 20.9) and slow[0]["pace_x"] == pytest.approx(1.05)
+    assert run_pace({"timing_ms": {"step": {"median": 30.0, "p10": 20.0}}}) is None
+    report = json.loads(H200_MEDIUM.read_text())
+    script.print_report({**report, "slow_hosts": slow}, Path("compare_medium.json"))
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("host slow"))
+    assert ("v3 eager repeat 2 had its median step 1.25x its fastest tenth's "
+            "(a slow spell between its host's probes)") in line
+
+
 def test_a_row_is_the_median_of_its_processes_at_pace(tmp_path, monkeypatch, capsys):
     """--rerun-slow-host eager: an eager pair whose process ran on a slow host runs again until
     as many ran at pace as its repeats, at most twice as many processes; its medians take

@@ -579,7 +579,7 @@ esac
     levers = tmp_path / "reproduce/fakegpu/levers"
     if reruns == "1":
         assert runs == {"prec_fp32": 1, "prec_tf32": 1, "prec_bf16": 2}
-        assert "levers/prec_bf16: its host ran its Python 3.00x slower than this machine's fastest" in proc.stdout
+        assert "levers/prec_bf16: it ran its Python 3.00x slower than this machine's fastest, run again" in proc.stdout
         assert (levers / ".prec_bf16.slow.json").exists()
         assert json.loads((levers / "prec_bf16.json").read_text())["host_pace"]["after_us"] == 1000
     else:
@@ -669,6 +669,12 @@ def test_the_caption_names_the_processes_whose_host_ran_slow():
     caption = compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
     assert caption.endswith("ran slow, out of their row's median where it has a process at pace: "
                             "V3 Triton eager (repeat 1, 1.93x), V3 Triton compiled (repeat 1, 1.40x).")
+    assert "fastest tenth" not in caption  # only where a process was named by its steps
+    report["slow_hosts"].append({"version": "v4", "mode": "eager", "repeat": 1, "pace_x": 1.1, "steps_x": 1.3})
+    caption = compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
+    assert ("slower than the comparison's fastest, or whose median step took more than 1.1x their "
+            "fastest tenth (a slow spell between the probes)") in caption
+    assert caption.endswith("V4 SDPA eager (repeat 2, median step 1.30x its fastest tenth).")
 
 
 @pytest.mark.parametrize("step, repeats, rerun", [("compare-small", "3", "compile,eager,reduce-overhead"),

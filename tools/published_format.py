@@ -3,7 +3,7 @@ the names of versions and modes, and the look-ups of a comparison's rows. Shared
 tools/publish.py (the blocks it fills) and tools/results_text.py (the results page)."""
 from __future__ import annotations
 
-from harness.results import SLOW_HOST
+from harness.results import SLOW_HOST, SLOW_SPELL, spell_between_probes
 
 PLACEHOLDER = ("*Not yet measured on this GPU model: run `bash benchmarks/reproduce.sh` on it, "
                "then `python tools/publish.py results/reproduce/<gpu>`.*")
@@ -46,10 +46,15 @@ def _slow_hosts(slow: list[dict]) -> str:
     """The caption's sentence on processes whose host ran slow (compare_versions.slow_hosts)."""
     if not slow:
         return ""
+    def how(s: dict) -> str:
+        return (f"median step {s['steps_x']:.2f}x its fastest tenth" if spell_between_probes(s)
+                else f"{s['pace_x']:.2f}x")
     named = [f"{VERSION_NAMES.get(s['version'], s['version'])} {MODE_NAMES.get(s['mode'], s['mode'])} "
-             f"(repeat {s['repeat'] + 1}, {s['pace_x']:.2f}x)" for s in slow]
+             f"(repeat {s['repeat'] + 1}, {how(s)})" for s in slow]
+    spells = (f", or whose median step took more than {SLOW_SPELL:g}x their fastest tenth (a slow spell "
+              "between the probes)" if any(map(spell_between_probes, slow)) else "")
     return (" Processes whose host ran its Python (harness.measure.host_pace_us) more than "
-            f"{SLOW_HOST:g}x slower than the comparison's fastest (harness.results.host_slowdowns) "
+            f"{SLOW_HOST:g}x slower than the comparison's fastest{spells} (harness.results.host_slowdowns) "
             f"ran slow, out of their row's median where it has a process at pace: {', '.join(named)}.")
 
 
