@@ -384,6 +384,21 @@ def test_results_page_says_how_v3_attention_compares_from_the_two_profiles():
     assert _attention_against_vendor({"profiles": {}}) == ""
 
 
+def test_results_page_names_the_phase_a_fusion_moved():
+    """The sentence under V3's fusions names the phase whose time moved most between a pair of
+    rows, from the rows themselves; a pair that is not there says nothing."""
+    from tools.results_text import _phase_moved
+
+    def row(fwd, bwd, opt):
+        return {"forward_ms": fwd, "backward_ms": bwd, "optimizer_ms": opt}
+
+    s = {"rows": {"fusion/on": row(5.94, 13.10, 3.43), "fusion/off": row(5.91, 11.15, 3.45)}}
+    assert _phase_moved(s, "on", "off") == "; the difference is in the backward (13.10 against 11.15 ms)"
+    s["rows"]["fusion/on"] = row(7.0, 11.2, 3.43)
+    assert "in the forward (7.00 against 5.91 ms)" in _phase_moved(s, "on", "off")
+    assert _phase_moved(s, "on", "missing") == ""
+
+
 def test_gpu_slug():
     from harness.device import gpu_slug
     assert gpu_slug("NVIDIA H200") == "h200"
