@@ -351,13 +351,15 @@ SLOW_SPELL = 1.10  # a process whose median step took this much longer than its 
 
 def run_pace(result: dict) -> dict | None:
     """What host_slowdowns reads of one run: its host_pace probes and steps_x, its median
-    step over its fastest tenth (p10); None for a run that records no host_pace."""
+    step over its fastest tenth (p10); None for a run that records no host_pace. steps_x
+    only for one process: steps that wait on other processes' communication spread with it."""
     pace = result.get("host_pace")
     if not pace:
         return None
     step = (result.get("timing_ms") or {}).get("step") or {}
     median, p10 = step.get("median"), step.get("p10")
-    return {**pace, "steps_x": median / p10 if median and p10 else None}
+    alone = (result.get("run") or {}).get("world_size", 1) == 1
+    return {**pace, "steps_x": median / p10 if alone and median and p10 else None}
 
 
 def host_slowdowns(paces: dict) -> dict:

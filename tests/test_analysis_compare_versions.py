@@ -171,6 +171,9 @@ def test_a_spell_between_the_probes_shows_in_the_runs_own_steps(capsys):
     assert [s["repeat"] for s in slow] == [1] and 26.2 / 20.9 > SLOW_SPELL > 20.6 / 20.0
     assert slow[0]["steps_x"] == pytest.approx(26.2 / 20.9) and slow[0]["pace_x"] == pytest.approx(1.05)
     assert run_pace({"timing_ms": {"step": {"median": 30.0, "p10": 20.0}}}) is None
+    ddp = {"host_pace": {"before_us": 1000, "after_us": 1000}, "run": {"world_size": 2},
+           "timing_ms": {"step": {"median": 30.0, "p10": 20.0}}}
+    assert run_pace(ddp)["steps_x"] is None  # its steps wait on the other process's communication
     report = json.loads(H200_MEDIUM.read_text())
     script.print_report({**report, "slow_hosts": slow}, Path("compare_medium.json"))
     line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("host slow"))
