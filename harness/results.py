@@ -346,7 +346,7 @@ def is_noisy(result: dict) -> bool:
 
 
 SLOW_HOST = 1.25  # a process whose Python ran this much slower than the machine's fastest
-SLOW_SPELL = 1.10  # a process whose median step took this much longer than its fastest tenth
+SLOW_SPELL = 1.2  # a process whose median step took this much longer than its fastest tenth
 
 
 def run_pace(result: dict) -> dict | None:

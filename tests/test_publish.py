@@ -687,7 +687,7 @@ def test_the_caption_names_the_processes_whose_host_ran_slow():
     assert "fastest tenth" not in caption  # only where a process was named by its steps
     report["slow_hosts"].append({"version": "v4", "mode": "eager", "repeat": 1, "pace_x": 1.1, "steps_x": 1.3})
     caption = compare_caption({"compare": {"medium": publish.compare_summary(report)}}, "medium")
-    assert ("slower than the comparison's fastest, or whose median step took more than 1.1x their "
+    assert ("slower than the comparison's fastest, or whose median step took more than 1.2x their "
             "fastest tenth (a slow spell between the probes)") in caption
     assert caption.endswith("V4 SDPA eager (repeat 2, median step 1.30x its fastest tenth).")
 
