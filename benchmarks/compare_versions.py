@@ -218,7 +218,8 @@ class Summary:
     def __init__(self, rows: list[dict], ceiling_tflops: float | None,
                  ceiling_spread_percent: float | None = None):
         self.ceiling, self.ceiling_spread, self.groups = ceiling_tflops, ceiling_spread_percent, {}
-        self.slow = {(s["version"], s["mode"], s["repeat"]) for s in slow_hosts(rows)}
+        self.slow_hosts = slow_hosts(rows)  # what the report names, and what the medians leave out
+        self.slow = slow_keys(self.slow_hosts)
         for row in rows:
             self.groups.setdefault((row["version"], row["mode"]), []).append(row)
 
@@ -509,7 +510,7 @@ def compare(args) -> dict:
             report["runs"].append(row)
             summary = Summary(report["runs"], ceiling)
             report["summary"], report["targets"] = summary.rows(), summary.targets(preset)
-            report["slow_hosts"] = slow_hosts(report["runs"])
+            report["slow_hosts"] = summary.slow_hosts
             run_results.write_json(output, report, indent=1)
 
         for repeat in range(rounds):
@@ -534,7 +535,7 @@ def compare(args) -> dict:
         run_results.write_json(output, report, indent=1)  # still incomplete: the sweep is to come
         dtype = PRECISIONS[precision].dtype
         report["sdpa_sweep"] = sdpa_sweep(p.model, p.batch_size, p.seq_len, device, dtype)
-    report["slow_hosts"] = slow_hosts(report["runs"])
+    report["slow_hosts"] = summary.slow_hosts
     report["complete"] = True
     run_results.write_json(output, report, indent=1)
     print_report(report, output)
@@ -549,6 +550,11 @@ def slow_hosts(runs: list[dict]) -> list[dict]:
             for (version, mode, repeat), reading in host_slowdowns(comparison_paces(runs)).items()]
 
 
+def slow_keys(slow: list[dict]) -> set:
+    """The (version, mode, repeat) of each of slow_hosts' processes."""
+    return {(s["version"], s["mode"], s["repeat"]) for s in slow}
+
+
 def at_pace(runs: list[dict], slow: set) -> list[dict]:
     """The runs whose host ran at pace, of `slow`'s (version, mode, repeat) keys."""
     return [r for r in runs if (r["version"], r["mode"], r.get("repeat")) not in slow]
@@ -557,7 +563,7 @@ def at_pace(runs: list[dict], slow: set) -> list[dict]:
 def short_of_pace(runs: list[dict], pairs: list, modes: list[str], repeats_of) -> list[tuple]:
     """(version, mode, next repeat) of each pair of `modes` that has fewer finished processes
     at pace than its repeats (`repeats_of(mode)`) and has not yet run twice that many."""
-    slow = {(s["version"], s["mode"], s["repeat"]) for s in slow_hosts(runs)}
+    slow = slow_keys(slow_hosts(runs))
     short = []
     for name, mode in pairs:
         if mode not in modes:
