@@ -297,11 +297,16 @@ def _squeeze(lines):
         yield line
 
 
+def _fusion_pair(s: dict | None, row: str, default_row: str) -> tuple[dict, dict]:
+    """The published summary's fusion row and its default's ({} where one is missing)."""
+    rows = (s or {}).get("rows", {})
+    return rows.get(f"fusion/{row}", {}), rows.get(f"fusion/{default_row}", {})
+
+
 def _phase_moved(s: dict | None, row: str, default_row: str) -> str:
     """'; the difference is in the backward (13.10 against 11.15 ms)': the phase of two fusion
     rows whose time moved most."""
-    rows = (s or {}).get("rows", {})
-    on, off = rows.get(f"fusion/{row}", {}), rows.get(f"fusion/{default_row}", {})
+    on, off = _fusion_pair(s, row, default_row)
     moved = [(abs(on[f"{p}_ms"] - off[f"{p}_ms"]), p) for p in ("forward", "backward", "optimizer")
              if on.get(f"{p}_ms") and off.get(f"{p}_ms")]
     if not moved:
@@ -315,8 +320,7 @@ def _verdict(s: dict | None, row: str, default_row: str, noise: float,
              lead: str = ": here its row") -> str:
     """'<lead> is 1.8% faster than the default[, a difference ...]', from two fusion rows;
     noise: how far apart two runs of one unchanged row of this kind can be."""
-    rows = (s or {}).get("rows", {})
-    on, off = rows.get(f"fusion/{row}", {}), rows.get(f"fusion/{default_row}", {})
+    on, off = _fusion_pair(s, row, default_row)
     if not (on.get("ok") and off.get("ok") and on.get("tokens_per_s") and off.get("tokens_per_s")):
         return ""
     change = on["tokens_per_s"] / off["tokens_per_s"] - 1
