@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import StrMethodFormatter
 
-from harness.results import (NOISY_SPREAD, SchemaError, comparison_paces, host_slowdowns, is_noisy,
-                             numbers, step_spread, table_rows, validate)
+from harness.results import (NOISY_SPREAD, SchemaError, at_pace_else_all, comparison_paces, host_slowdowns,
+                             is_noisy, numbers, run_key, step_spread, table_rows, validate)
 
 from .common import (INTERPRETER_MARK, AnalysisError, interpreted, load_results, memory_column, memory_kind, plt,
                      result_paths, save_figure, text_table, unique_labels)
@@ -156,7 +156,7 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
             result = row_as_result(row, report)
             if (report.get("ceiling") or {}).get("matmul_tflops"):  # probed beside these runs
                 result["_matmul_tflops"] = report["ceiling"]["matmul_tflops"]
-            if (reading := slow.get((*key, row.get("repeat")))) is not None:
+            if (reading := slow.get(run_key(row))) is not None:
                 result["_host_slow"] = [reading]
         except KeyError as e:
             raise AnalysisError(f"{path}: row {i} has no {e.args[0]!r} - not a compare_versions row") from None
@@ -177,10 +177,9 @@ def results_from_compare_versions(report: dict, path) -> tuple[list[dict], list[
 def counted(repeats: list[dict]) -> list[dict]:
     """The repeats a row's median takes, as compare_versions' table does: those whose host ran
     at pace where any did (the others' number goes to `_host_left_out`), else all of them."""
-    fine = [r for r in repeats if not r.get("_host_slow")]
-    if not fine or len(fine) == len(repeats):
-        return repeats
-    fine[0] = {**fine[0], "_host_left_out": len(repeats) - len(fine)}
+    fine = at_pace_else_all(repeats, lambda r: r.get("_host_slow"))
+    if len(fine) < len(repeats):
+        fine[0] = {**fine[0], "_host_left_out": len(repeats) - len(fine)}
     return fine
 
 

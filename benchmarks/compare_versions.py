@@ -63,7 +63,8 @@ from harness import UsageError, WorkshopError  # noqa: E402
 from harness import results as run_results  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_spec, load_version  # noqa: E402
-from harness.results import comparison_paces, host_slowdowns, slowdown_words  # noqa: E402
+from harness.results import (at_pace_else_all, comparison_paces, host_slowdowns, run_key,  # noqa: E402
+                             slowdown_words)
 from harness.spec import MODE_FLAGS  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
@@ -227,8 +228,8 @@ class Summary:
         return [r for r in self.groups.get(key, []) if r["exit_code"] == 0]
 
     def counted(self, key):
-        """The runs a row's medians take: those whose host ran at pace, else all."""
-        return at_pace(self.ok(key), self.slow) or self.ok(key)
+        """The runs a row's medians take: those whose host ran at pace where any did, else all."""
+        return at_pace_else_all(self.ok(key), lambda run: run_key(run) in self.slow)
 
     def median(self, key, field):
         values = [r[field] for r in self.counted(key) if r.get(field) is not None]
@@ -552,12 +553,12 @@ def slow_hosts(runs: list[dict]) -> list[dict]:
 
 def slow_keys(slow: list[dict]) -> set:
     """The (version, mode, repeat) of each of slow_hosts' processes."""
-    return {(s["version"], s["mode"], s["repeat"]) for s in slow}
+    return {run_key(s) for s in slow}
 
 
 def at_pace(runs: list[dict], slow: set) -> list[dict]:
     """The runs whose host ran at pace, of `slow`'s (version, mode, repeat) keys."""
-    return [r for r in runs if (r["version"], r["mode"], r.get("repeat")) not in slow]
+    return [r for r in runs if run_key(r) not in slow]
 
 
 def short_of_pace(runs: list[dict], pairs: list, modes: list[str], repeats_of) -> list[tuple]:

@@ -400,10 +400,24 @@ def slowdown_words(reading: dict, fastest: str = "the comparison's fastest") -> 
             "(a slow spell between its host's probes)")
 
 
+def run_key(run: dict) -> tuple:
+    """(version, mode, repeat): one process of a compare_versions JSON, as its slow_hosts name it."""
+    return run.get("version"), run.get("mode"), run.get("repeat")
+
+
 def comparison_paces(runs: list[dict]) -> dict:
-    """{(version, mode, repeat): run_pace} of a compare_versions JSON's runs that record one."""
-    return {(run.get("version"), run.get("mode"), run.get("repeat")): pace for run in runs
+    """{run_key: run_pace} of a compare_versions JSON's runs that record one."""
+    return {run_key(run): pace for run in runs
             if isinstance(run, dict) and (pace := run_pace(run.get("result") or {}))}
+
+
+def at_pace_else_all(runs: list, ran_slow) -> list:
+    """The runs a row's number is taken from: those whose host ran at pace where any did, else
+    all of them (a row whose every process ran slow still has a number, and says so).
+    `ran_slow(run)`: whether host_slowdowns named that run. Every table that counts a row's
+    processes (compare_versions, analysis_tools compare, reproduce's rows copied from a
+    comparison) counts them here."""
+    return [run for run in runs if not ran_slow(run)] or list(runs)
 
 
 def peak_memory_mb(result: dict) -> float | None:

@@ -181,6 +181,17 @@ def test_a_spell_between_the_probes_shows_in_the_runs_own_steps(capsys):
             "(a slow spell between its host's probes)") in line
 
 
+def test_a_row_counts_its_processes_at_pace_where_any_ran_at_pace_else_all():
+    """One rule for every table that counts a comparison's processes (harness.results):
+    a row whose every process ran slow keeps them all, and a number."""
+    from harness.results import at_pace_else_all, run_key
+    runs = [{"version": "v3", "mode": "eager", "repeat": r} for r in range(3)]
+    slow = {("v3", "eager", 1)}
+    assert at_pace_else_all(runs, lambda run: run_key(run) in slow) == [runs[0], runs[2]]
+    assert at_pace_else_all(runs, lambda run: True) == runs
+    assert at_pace_else_all([], lambda run: True) == []
+
+
 def test_a_row_is_the_median_of_its_processes_at_pace(tmp_path, monkeypatch, capsys):
     """--rerun-slow-host eager: an eager pair whose process ran on a slow host runs again until
     as many ran at pace as its repeats, at most twice as many processes; its medians take
