@@ -185,7 +185,8 @@ train() {
         rc=$?
         RUN_PID=
         # A row the host paces (no graphs, not the large preset) whose host ran slow runs again,
-        # HOST_RERUNS times at most; the slow run stays beside it as .NAME.slow.json
+        # HOST_RERUNS times at most; the slow run stays beside it as .NAME.slow.json. Rows that
+        # replay graphs, on one GPU or several, run at full speed on a host that probes 2x slow.
         { [ $rc = 0 ] && [ $again -lt "$HOST_RERUNS" ] && host_paced "$@"; } || break
         slow=$($PY -m benchmarks.experiments host-pace "$W" "$out") && break
         if [ -n "${TIME_LIMIT:-}" ] && ((SECONDS - start + ROW_TIMEOUT > TIME_LIMIT)); then break; fi
