@@ -14,8 +14,11 @@ the datasheet peaks, and analysis_tools/ceilings.py reads the JSON it writes.
 
 A ceiling must be at least what the model's own GEMMs reach: `--gemm-shapes`
 (gemm_shapes below) times square sizes and the medium preset's GEMM shapes
-(M = 16 x 512 tokens) side by side, with inputs of two scales (randn, and
-randn * 0.02 like the model's weights).
+(M = 16 x 512 tokens) side by side, on four kinds of inputs: randn, randn * 0.02
+(the model's weights' scale), randn with half its entries zeroed, and zeros. A
+product's speed depends on its numbers: the probes multiply randn, slower than
+zeros or half zeros, and a model's GEMMs on its own activations and gradients can
+run above the ceiling (docs/ANALYSIS.md, headroom).
 """
 from __future__ import annotations
 
@@ -86,15 +89,24 @@ GEMM_SHAPES = {"square 4096": (4096, 4096, 4096), "square 8192": (8192, 8192, 81
                "o     8192x1024 @ 1024x1024": (8192, 1024, 1024)}
 
 
-def gemm_shapes(device, shapes: dict = GEMM_SHAPES, scales=(1.0, 0.02)) -> dict:
-    """{name: [TFLOP/s per input scale]}: bf16, median of 20 after a short warm-up."""
+# The inputs --gemm-shapes multiplies: name -> a (rows, cols) bf16 matrix on `device`
+GEMM_INPUTS = {
+    "randn": lambda shape, device: torch.randn(shape, device=device, dtype=torch.bfloat16),
+    "x0.02": lambda shape, device: torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02,
+    "half zeros": lambda shape, device: (torch.randn(shape, device=device, dtype=torch.bfloat16)
+                                         * (torch.rand(shape, device=device) < 0.5)),
+    "zeros": lambda shape, device: torch.zeros(shape, device=device, dtype=torch.bfloat16),
+}
+
+
+def gemm_shapes(device, shapes: dict = GEMM_SHAPES, inputs: dict = GEMM_INPUTS) -> dict:
+    """{name: [TFLOP/s per kind of input]}: bf16, median of 20 after a short warm-up."""
     device = torch.device(device)
     rows = {}
     for name, (m, k, n) in shapes.items():
         rows[name] = []
-        for scale in scales:
-            a = torch.randn(m, k, device=device, dtype=torch.bfloat16) * scale
-            b = torch.randn(k, n, device=device, dtype=torch.bfloat16) * scale
+        for make in inputs.values():
+            a, b = make((m, k), device), make((k, n), device)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
             ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3)
             rows[name].append(2 * m * k * n / ms / 1e9)
@@ -124,9 +136,10 @@ def build_parser():
 def print_gemm_shapes() -> int:
     if not torch.cuda.is_available():
         raise UsageError("--gemm-shapes times GPU matrix products and needs a CUDA or ROCm GPU")
-    print(f"{'shape (M x K @ K x N)':34s} {'randn':>8s} {'x0.02':>8s}  TFLOP/s, bf16, median of 20")
-    for name, (plain, small) in gemm_shapes("cuda").items():
-        print(f"{name:34s} {plain:8.0f} {small:8.0f}")
+    print(f"{'shape (M x K @ K x N)':34s}" + "".join(f" {kind:>10s}" for kind in GEMM_INPUTS)
+          + "  TFLOP/s, bf16, median of 20")
+    for name, speeds in gemm_shapes("cuda").items():
+        print(f"{name:34s}" + "".join(f" {tflops:10.0f}" for tflops in speeds))
     return 0
 
 

@@ -10,6 +10,7 @@ import types
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import REPO, run_cli
 from harness import flops
@@ -216,6 +217,16 @@ def test_ceiling_probes_on_cpu():
     from harness.probes import measure_copy_gbs, measure_matmul_tflops
     assert measure_matmul_tflops("cpu", "fp32") > 0
     assert measure_copy_gbs("cpu", 1 << 22) > 0
+
+
+def test_gemm_shapes_times_each_kind_of_input():
+    """--gemm-shapes: one TFLOP/s per kind of input (a product's speed depends on its numbers)."""
+    from benchmarks.ceilings import GEMM_INPUTS, gemm_shapes
+    rows = gemm_shapes("cpu", {"tiny": (16, 16, 16)})
+    assert list(rows) == ["tiny"] and len(rows["tiny"]) == len(GEMM_INPUTS) > 3
+    assert all(tflops > 0 for tflops in rows["tiny"])
+    half = GEMM_INPUTS["half zeros"]((64, 64), "cpu")
+    assert half.dtype == torch.bfloat16 and 0.3 < (half == 0).float().mean() < 0.7
 
 
 @pytest.mark.slow
