@@ -100,7 +100,8 @@ GEMM_INPUTS = {
 
 
 def gemm_shapes(device, shapes: dict = GEMM_SHAPES, inputs: dict = GEMM_INPUTS) -> dict:
-    """{name: [TFLOP/s per kind of input]}: bf16, median of 20 after a short warm-up."""
+    """{name: [TFLOP/s per kind of input]}: bf16, timed as the matmul probe times its products
+    (CALLS_PER_SAMPLE back to back per sample, the device never idle), median of 20."""
     device = torch.device(device)
     rows = {}
     for name, (m, k, n) in shapes.items():
@@ -108,7 +109,9 @@ def gemm_shapes(device, shapes: dict = GEMM_SHAPES, inputs: dict = GEMM_INPUTS) 
         for make in inputs.values():
             a, b = make((m, k), device), make((k, n), device)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3)
+            calls = CALLS_PER_SAMPLE if device.type == "cuda" else 1
+            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3,
+                           calls_per_sample=calls)
             rows[name].append(2 * m * k * n / ms / 1e9)
             del a, b, out
     return rows
