@@ -109,9 +109,9 @@ def gemm_shapes(device, shapes: dict = GEMM_SHAPES, inputs: dict = GEMM_INPUTS) 
         for make in inputs.values():
             a, b = make((m, k), device), make((k, n), device)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            calls = CALLS_PER_SAMPLE if device.type == "cuda" else 1
-            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3,
-                           calls_per_sample=calls)
+            gpu = device.type == "cuda"  # a GPU's clocks need the warm-up, a CPU's do not
+            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3 if gpu else 0.0,
+                           calls_per_sample=CALLS_PER_SAMPLE if gpu else 1)
             rows[name].append(2 * m * k * n / ms / 1e9)
             del a, b, out
     return rows
