@@ -64,7 +64,7 @@ from harness import results as run_results  # noqa: E402
 from harness.args import OneLineParser  # noqa: E402
 from harness.config import PRECISIONS, VERSIONS, load_spec, load_version  # noqa: E402
 from harness.results import (at_pace_else_all, comparison_paces, host_slowdowns, run_key,  # noqa: E402
-                             slowdown_words)
+                             slow_keys, slowdown_words)
 from harness.spec import MODE_FLAGS  # noqa: E402
 PEER = "hf"
 WARMUP_STEPS = 8  # the default --warmup-steps, where --num-steps leaves room for it
@@ -549,11 +549,6 @@ def slow_hosts(runs: list[dict]) -> list[dict]:
     median step over its fastest tenth, steps_x). None among fewer than 3 runs."""
     return [{"version": version, "mode": mode, "repeat": repeat, **reading}
             for (version, mode, repeat), reading in host_slowdowns(comparison_paces(runs)).items()]
-
-
-def slow_keys(slow: list[dict]) -> set:
-    """The (version, mode, repeat) of each of slow_hosts' processes."""
-    return {run_key(s) for s in slow}
 
 
 def at_pace(runs: list[dict], slow: set) -> list[dict]:

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.config import VERSIONS  # noqa: E402
 from harness.results import (at_pace_else_all, comparison_paces, host_slowdowns, records_in,  # noqa: E402
-                             run_key, run_pace, slowdown_words, write_atomic, write_json)
+                             run_key, run_pace, slow_keys, slowdown_words, write_atomic, write_json)
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ def compare_row(report: Path, version: str, mode: str, out: Path) -> int:
     if not runs:
         print(f"no finished {version} {mode} run in {report}", file=sys.stderr)
         return 1
-    slow = {run_key(s) for s in data.get("slow_hosts") or []}
+    slow = slow_keys(data.get("slow_hosts") or [])
     runs = at_pace_else_all(runs, lambda run: run_key(run) in slow)
     median = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
     write_atomic(out, median["result"])

@@ -405,6 +405,11 @@ def run_key(run: dict) -> tuple:
     return run.get("version"), run.get("mode"), run.get("repeat")
 
 
+def slow_keys(slow_hosts: list[dict]) -> set:
+    """The run_key of each process a compare_versions JSON's slow_hosts names."""
+    return {run_key(s) for s in slow_hosts}
+
+
 def comparison_paces(runs: list[dict]) -> dict:
     """{run_key: run_pace} of a compare_versions JSON's runs that record one."""
     return {run_key(run): pace for run in runs
