@@ -103,15 +103,15 @@ def gemm_shapes(device, shapes: dict = GEMM_SHAPES, inputs: dict = GEMM_INPUTS) 
     """{name: [TFLOP/s per kind of input]}: bf16, timed as the matmul probe times its products
     (CALLS_PER_SAMPLE back to back per sample, the device never idle), median of 20."""
     device = torch.device(device)
+    gpu = device.type == "cuda"  # a GPU's clocks need the warm-up, a CPU's do not
     rows = {}
     for name, (m, k, n) in shapes.items():
         rows[name] = []
         for make in inputs.values():
             a, b = make((m, k), device), make((k, n), device)
             out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-            gpu = device.type == "cuda"  # a GPU's clocks need the warm-up, a CPU's do not
-            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20, warmup_s=0.3 if gpu else 0.0,
-                           calls_per_sample=CALLS_PER_SAMPLE if gpu else 1)
+            ms = median_ms(device, lambda: torch.mm(a, b, out=out), 3, 20,
+                           warmup_s=0.3 if gpu else 0.0, calls_per_sample=CALLS_PER_SAMPLE if gpu else 1)
             rows[name].append(2 * m * k * n / ms / 1e9)
             del a, b, out
     return rows
